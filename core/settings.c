@@ -1,0 +1,51 @@
+/* core/settings.c -- see settings.h.  Keep conf/radixd.ini in step. */
+#include "config.h"
+
+#include "settings.h"
+
+static const struct rx_cfg_key s_log[] = {
+    { "level", RX_CFG_ENUM, "info", "least severe level written", 0, 0,
+      "error|warn|info|debug|trace" },
+    { "file", RX_CFG_PATH, "-", "append log lines to this file; - is stderr", 0, 0, NULL },
+    { NULL, 0, NULL, NULL, 0, 0, NULL }
+};
+
+static const struct rx_cfg_key s_plugins[] = {
+    { "path", RX_CFG_STRING, NULL,
+      "colon-separated plugin directories searched before $RADIX_PLUGIN_PATH and the install dir",
+      0, 0, NULL },
+    { NULL, 0, NULL, NULL, 0, 0, NULL }
+};
+
+static const struct rx_cfg_key s_kernels[] = {
+    { "backend", RX_CFG_STRING, "cpu", "kernel backend plugin (kernels-<backend>.so): cpu, cuda",
+      0, 0, NULL },
+    { "threads", RX_CFG_INT, "0", "compute threads for the CPU backend; 0 = one per core",
+      0, 4096, NULL },
+    { NULL, 0, NULL, NULL, 0, 0, NULL }
+};
+
+static const struct rx_cfg_key s_scheduler[] = {
+    { "policy", RX_CFG_STRING, "fcfs",
+      "schedule policy plugin (sched-<policy>.so): fcfs, lpm, random", 0, 0, NULL },
+    { NULL, 0, NULL, NULL, 0, 0, NULL }
+};
+
+static const struct rx_conf_section s_schema[] = {
+    { "log", "logging", s_log, 0 },
+    { "plugins", "where plugins are found", s_plugins, 0 },
+    { "kernels", "compute kernels; [kernels.<backend>] configures one backend", s_kernels,
+      RX_KIND_KERNELS },
+    { "scheduler", "request scheduling; [scheduler.<policy>] configures one policy", s_scheduler,
+      RX_KIND_SCHED_POLICY },
+    { NULL, NULL, NULL, 0 }
+};
+
+static const struct rx_plugin_ref s_refs[] = {
+    { "kernels", "backend", RX_KIND_KERNELS },
+    { "scheduler", "policy", RX_KIND_SCHED_POLICY },
+    { NULL, NULL, 0 }
+};
+
+const struct rx_conf_section *rx_settings_schema (void) { return s_schema; }
+const struct rx_plugin_ref *rx_settings_plugin_refs (void) { return s_refs; }
