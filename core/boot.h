@@ -15,9 +15,15 @@ struct rx_boot {
     rx_loader_t *loader;
 };
 
+enum {
+    RX_BOOT_CHECK_REFS = 1   /* also load every plugin a core key names */
+};
+
 /* path NULL: no file, defaults only.  On failure err holds one line (with
- * file:line for INI problems) and b is left closed. */
-int  rx_boot_open (struct rx_boot *b, const char *path, struct rx_err *err);
+ * file:line for INI problems) and b is left closed.  Diagnostic commands
+ * (--list-plugins, --help-plugin) pass flags 0, so that a config naming a
+ * missing plugin can still be inspected. */
+int  rx_boot_open (struct rx_boot *b, const char *path, int flags, struct rx_err *err);
 void rx_boot_close (struct rx_boot *b);
 
 /* Load the plugin a core key names (e.g. "kernels", "backend") and run its

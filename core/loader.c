@@ -343,6 +343,18 @@ int rx_loader_open (rx_loader_t *l, const char *path, int expect_kind,
     return RX_OK;
 }
 
+/* Open a file found under its conventional name <prefix>-<base>.so: the
+ * descriptor must agree with the name. */
+static int s_open_named (rx_loader_t *l, const char *path, int kind, const char *base,
+                         rx_plugin_t **out, struct rx_err *err)
+{
+    int rc = rx_loader_open (l, path, kind, out, err);
+    if (rc == RX_OK && strcmp ((*out)->desc->name, base) != 0)
+        return rx_err_set (err, RX_EABI, "%s: file name says %s \"%s\" but the plugin calls itself \"%s\"",
+                           (*out)->path, s_kinds[kind].title, base, (*out)->desc->name);
+    return rc;
+}
+
 int rx_loader_find (rx_loader_t *l, int kind, const char *name, rx_plugin_t **out,
                     struct rx_err *err)
 {
@@ -366,13 +378,8 @@ int rx_loader_find (rx_loader_t *l, int kind, const char *name, rx_plugin_t **ou
     for (size_t i = 0; i < l->ndirs; i++) {
         char path[PATH_MAX];
         snprintf (path, sizeof path, "%s/%s", l->dirs[i], file);
-        if (access (path, F_OK) == 0) {
-            int rc = rx_loader_open (l, path, kind, out, err);
-            if (rc == RX_OK && strcmp ((*out)->desc->name, base) != 0)
-                return rx_err_set (err, RX_EABI, "%s: file name says %s \"%s\" but the plugin calls itself \"%s\"",
-                                   (*out)->path, k->title, base, (*out)->desc->name);
-            return rc;
-        }
+        if (access (path, F_OK) == 0)
+            return s_open_named (l, path, kind, base, out, err);
         int n = snprintf (searched + off, sizeof searched - off, "%s%s", off ? ":" : "", l->dirs[i]);
         if (n > 0 && (size_t) n < sizeof searched - off) off += (size_t) n;
     }
@@ -383,6 +390,23 @@ int rx_loader_find (rx_loader_t *l, int kind, const char *name, rx_plugin_t **ou
 static int s_cmp_str (const void *a, const void *b)
 {
     return strcmp (*(char *const *) a, *(char *const *) b);
+}
+
+/* A file "<prefix>-<base>.so" with a known kind prefix is held to that kind
+ * and name; any other *.so is opened as whatever it says it is. */
+static int s_open_scanned (rx_loader_t *l, const char *path, const char *file,
+                           rx_plugin_t **out, struct rx_err *err)
+{
+    const char *dash = strchr (file, '-');
+    if (dash) {
+        char prefix[32], base[64];
+        snprintf (prefix, sizeof prefix, "%.*s", (int) (dash - file), file);
+        snprintf (base, sizeof base, "%.*s", (int) (strlen (dash + 1) - 3), dash + 1);
+        for (int k = 1; k < RX_KIND_COUNT_; k++)
+            if (s_kind (k) && strcmp (s_kinds[k].prefix, prefix) == 0)
+                return s_open_named (l, path, k, base, out, err);
+    }
+    return rx_loader_open (l, path, 0, out, err);
 }
 
 void rx_loader_scan (rx_loader_t *l, rx_loader_scan_fn fn, void *ud)
@@ -416,7 +440,7 @@ void rx_loader_scan (rx_loader_t *l, rx_loader_scan_fn fn, void *ud)
             struct rx_err err = { 0 };
             if (shadowed)   /* an earlier directory wins: do not even open it */
                 fn (ud, path, NULL, NULL, 1);
-            else if (rx_loader_open (l, path, 0, &p, &err) == RX_OK)
+            else if (s_open_scanned (l, path, names[j], &p, &err) == RX_OK)
                 fn (ud, path, p, NULL, 0);
             else
                 fn (ud, path, NULL, &err, 0);

@@ -77,7 +77,8 @@ int main (int argc, char **argv)
     rx_log_set_role ("main", NULL);
     struct rx_boot b;
     struct rx_err err = { 0 };
-    if (rx_boot_open (&b, config, &err) != RX_OK) {
+    int diagnostic = list || help_plugin || check_plugin;
+    if (rx_boot_open (&b, config, diagnostic ? 0 : RX_BOOT_CHECK_REFS, &err) != RX_OK) {
         fprintf (stderr, "radixd: %s\n", err.msg);
         return 1;
     }

@@ -35,7 +35,7 @@ static int s_cmd_plugins (int argc, char **argv)
     }
     struct rx_boot b;
     struct rx_err err = { 0 };
-    if (rx_boot_open (&b, config, &err) != RX_OK) {
+    if (rx_boot_open (&b, config, 0, &err) != RX_OK) {
         fprintf (stderr, "radix: %s\n", err.msg);
         return 1;
     }
