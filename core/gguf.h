@@ -35,7 +35,9 @@ struct rx_gguf_tensor {
     uint64_t    n_elements;
     uint64_t    offset;               /* from the start of the data section */
     size_t      nbytes;
-    const void *data;                 /* inside the mapping, aligned */
+    const void *data;                 /* inside the mapping, aligned (to the
+                                         file alignment, relative to the file
+                                         start: mmap is page-aligned) */
 };
 
 /* Open and validate.  Caller owns the result; release with rx_gguf_close. */
@@ -58,7 +60,9 @@ long        rx_gguf_find_key (const rx_gguf_t *g, const char *key); /* index or 
 
 /* Typed getters by key.  RX_ENOENT if absent; RX_EINVAL if the stored type
  * cannot represent the request (integers convert between widths when the
- * value fits; float accepts FLOAT32/FLOAT64). */
+ * value fits; float accepts FLOAT32/FLOAT64).  An integer of the right kind
+ * whose value does not fit the requested width (a negative value for an
+ * unsigned getter, > UINT32_MAX for get_u32) gives RX_ERANGE. */
 int rx_gguf_get_u32 (const rx_gguf_t *g, const char *key, uint32_t *out);
 int rx_gguf_get_i64 (const rx_gguf_t *g, const char *key, int64_t *out);
 int rx_gguf_get_u64 (const rx_gguf_t *g, const char *key, uint64_t *out);
@@ -71,8 +75,18 @@ int rx_gguf_get_str (const rx_gguf_t *g, const char *key, const char **s, size_t
 int rx_gguf_get_arr (const rx_gguf_t *g, const char *key, int *elem_type, size_t *n);
 /* Numeric array data (little-endian, packed): pointer into the map. */
 int rx_gguf_arr_data (const rx_gguf_t *g, const char *key, const void **data);
-/* String array element i (random access through an index built at open). */
+/* String array element i (random access through an index built at open);
+ * RX_ERANGE if i >= the array length. */
 int rx_gguf_arr_str (const rx_gguf_t *g, const char *key, size_t i, const char **s, size_t *len);
+
+/* The encoded bytes of value i as the file stores them after its type field
+ * (for ARRAY: element type, count, elements).  Lets a writer copy a value of
+ * any type verbatim (core/gguf_writer.h: rx_gguf_writer_copy_kv). */
+int rx_gguf_kv_raw (const rx_gguf_t *g, size_t i, const void **val, size_t *nbytes);
+/* "uint32", "string", ... for an enum rx_gguf_type; "?" if unknown. */
+const char *rx_gguf_type_name (int t);
+/* Offset of the data section from the start of the file. */
+size_t rx_gguf_data_offset (const rx_gguf_t *g);
 
 /* Tensors. */
 size_t rx_gguf_tensor_count (const rx_gguf_t *g);
