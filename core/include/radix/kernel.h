@@ -1,0 +1,309 @@
+/* radix/kernel.h -- the compute-kernel backend kind (RX_KIND_KERNELS).
+ *
+ * ABI: 1.0, being built (ops may still be appended before the first release;
+ * nothing below is reordered or retyped once released).  One ops table for
+ * every backend: kernels-cpu implements it today, kernels-cuda will
+ * implement the same table later, so it speaks of *device* memory and
+ * *streams* from the start.
+ *
+ * Memory model.
+ *   - Every buffer an op reads or writes is a device pointer that came from
+ *     alloc() of the same backend instance (or lies inside such a buffer).
+ *     The core never dereferences a device pointer; it moves data with the
+ *     copy ops.  Backends with RX_KCAP_HOST_VISIBLE (the CPU) hand out plain
+ *     host memory, which lets tests look inside, but code must not rely on it.
+ *   - Index arrays (token ids, slots, positions, sequence offsets) are device
+ *     buffers too (int32).  Counts the backend needs to size a launch (rows,
+ *     n_seq, n_tokens) are host integers passed by value.
+ *   - Activations are F32, row-major, with an explicit row count and a leading
+ *     dimension ("ld", in elements) for every matrix, so ops work on views
+ *     (one head of a packed QKV row, the rope part of an MLA head...).
+ *   - Weights live behind opaque handles made by weight_load() from a host
+ *     view of a GGUF tensor; they stay in their quantized form and the
+ *     kernels compute on them directly.
+ *
+ * Streams and ordering.  Every op is enqueued on a stream (NULL = the
+ * instance's default stream); ops on one stream run in order; results are
+ * visible to the host after synchronize().  The CPU backend runs every op to
+ * completion before returning (synchronous streams) and reports RX_KCAP_ASYNC
+ * unset.  Errors of asynchronous work may surface at synchronize().
+ *
+ * Graphs (CUDA graphs).  begin_capture(key) .. end_capture() records the ops
+ * issued on a stream as graph `key`; launch(key) replays it.  A backend
+ * without RX_KCAP_GRAPHS answers begin_capture with RX_ENOTSUP, which means
+ * "not captured: run the ops eagerly" -- the caller just keeps issuing ops
+ * every step, has() is always 0 and launch() is RX_ENOTSUP.
+ *
+ * Thread-safety: create/destroy and the plugin's init are called from one
+ * thread.  One backend instance is driven by one thread at a time (the
+ * model runner of one scheduler rank); the backend may use its own worker
+ * threads inside an op.  Different instances are independent.
+ *
+ * Errors: every int-returning function returns RX_OK or a negative
+ * enum rx_status and fills *err (may be NULL) with one line naming the op and
+ * what is wrong.  Shapes are checked; a bad argument is RX_EINVAL, never a
+ * crash. */
+#ifndef RADIX_KERNEL_H
+#define RADIX_KERNEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <radix/dtype.h>
+#include <radix/err.h>
+#include <radix/host.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct rx_kstream rx_kstream_t;   /* opaque; NULL = default stream */
+typedef struct rx_kweight rx_kweight_t;   /* opaque weight handle */
+
+/* Parameters of create().  Fixed forever except by appending; struct_size
+ * tells the backend which members the caller knows. */
+struct rx_kernels_params {
+    uint32_t struct_size;    /* sizeof (struct rx_kernels_params) */
+    int32_t  threads;        /* worker threads; 0 = one per core ([kernels] threads) */
+    int32_t  device;         /* device index (GPU ordinal); 0 for the CPU */
+};
+
+/* Capability bits of rx_kernels_info.caps (append only). */
+#define RX_KCAP_GRAPHS       (1u << 0)  /* begin_capture/launch really capture */
+#define RX_KCAP_ASYNC        (1u << 1)  /* ops return before the work is done */
+#define RX_KCAP_HOST_VISIBLE (1u << 2)  /* device pointers are host memory */
+#define RX_KCAP_KV_F16       (1u << 3)  /* kv_store/attention accept RX_F16 pools */
+
+struct rx_kernels_info {
+    uint32_t    struct_size;     /* set by the caller: sizeof as it knows it */
+    const char *name;            /* backend name, "cpu" */
+    char        device[128];     /* "x86-64 avx512 (2 threads)", "NVIDIA H100 80GB" */
+    uint64_t    mem_bytes;       /* device memory (CPU: physical RAM) */
+    uint64_t    caps;            /* RX_KCAP_* */
+    int32_t     threads;         /* worker threads in use (CPU) */
+    int32_t     reserved_;
+};
+
+/* A host view of a GGUF tensor for weight_load().  data stays valid until
+ * weight_free() (it points into the mmapped file), so a backend may keep it
+ * instead of copying (zero copy). */
+struct rx_weight_view {
+    const char *name;            /* for messages; may be NULL */
+    int         dtype;           /* enum rx_dtype */
+    uint32_t    n_dims;          /* 1..4 */
+    uint64_t    ne[4];           /* ne[0] contiguous; unused dims are 1 */
+    const void *data;            /* host pointer, GGML block layout */
+    size_t      nbytes;          /* bytes at data (checked against ne/dtype) */
+};
+
+/* RoPE styles. */
+enum rx_rope_mode {
+    RX_ROPE_NORMAL = 0,          /* GGML "normal": rotate pairs (x[2i], x[2i+1]) */
+    RX_ROPE_NEOX   = 2           /* NeoX: rotate (x[i], x[i + n_rot/2]) */
+};
+
+/* RoPE parameters, GGML's rope_ext semantics (YaRN included):
+ * theta_i = pos * freq_base^(-2i/n_rot); YaRN blends interpolated
+ * (theta*freq_scale) and extrapolated theta per dimension with ramp
+ * [beta_fast, beta_slow] over n_ctx_orig, and scales cos/sin by attn_factor
+ * (times 1 + 0.1 ln(1/freq_scale) where ext_factor != 0).  Plain RoPE:
+ * freq_scale 1, ext_factor 0, attn_factor 1. */
+struct rx_rope_params {
+    uint32_t struct_size;        /* sizeof (struct rx_rope_params) */
+    int32_t  mode;               /* enum rx_rope_mode */
+    int32_t  n_rot;              /* rotated dims per head (even, <= head size) */
+    int32_t  n_ctx_orig;         /* YaRN: original context length */
+    float    freq_base;          /* e.g. 10000 */
+    float    freq_scale;         /* 1 / context scaling factor */
+    float    ext_factor;         /* YaRN extrapolation mix; 0 = off */
+    float    attn_factor;        /* magnitude scale; 1 */
+    float    beta_fast;          /* YaRN; 32 */
+    float    beta_slow;          /* YaRN; 1 */
+    const float *freq_factors;   /* device F32[n_rot/2] dividing each theta_i
+                                  * (Llama 3 rope_freqs), or NULL */
+};
+
+/* One layer's paged KV pool: slot s of K holds n_kv_head rows of hd_k
+ * elements ([n_slots][n_kv_head][hd_k]), likewise V with hd_v.  The pool
+ * is device memory the core allocated with alloc(). */
+struct rx_kv_pool {
+    void    *k;
+    void    *v;
+    int32_t  dtype;              /* RX_F32; RX_F16 where RX_KCAP_KV_F16 */
+    int32_t  n_kv_head;
+    int32_t  hd_k;
+    int32_t  hd_v;
+    uint64_t n_slots;
+};
+
+/* A batch of sequences for attention.  Query rows of sequence i are
+ * q_start[i] .. q_start[i+1]-1; its KV (positions 0..len-1, len =
+ * kv_start[i+1]-kv_start[i]) sits in slots[kv_start[i] .. kv_start[i+1]-1];
+ * q_pos[t] is the position of query row t within its sequence: it attends to
+ * positions 0..q_pos[t] (causal), which must already be stored.  The arrays
+ * are device int32 buffers; n_seq and n_tokens (= q_start[n_seq]) are host
+ * copies for launch sizing. */
+struct rx_attn_batch {
+    int32_t        n_seq;
+    int32_t        n_tokens;
+    const int32_t *q_start;      /* [n_seq + 1] */
+    const int32_t *kv_start;     /* [n_seq + 1] */
+    const int32_t *slots;        /* [kv_start[n_seq]] */
+    const int32_t *q_pos;        /* [n_tokens] */
+};
+
+struct rx_attn_params {
+    uint32_t struct_size;        /* sizeof (struct rx_attn_params) */
+    int32_t  n_head;             /* query heads; a multiple of the pool's n_kv_head */
+    float    scale;              /* score scale, usually 1/sqrt(hd_k) */
+    float    softcap;            /* 0 = none; else scores = softcap*tanh(s/softcap) */
+    int32_t  window;             /* 0 = none; else attend to the last `window` positions */
+    int32_t  reserved_;
+};
+
+/* matmul flags. */
+#define RX_MM_ACCUMULATE (1u << 0)   /* Y += X W^T instead of Y = X W^T */
+
+struct rx_kernels_ops {
+    uint32_t struct_size;
+    /* ---- ABI 1.0 ---- */
+
+    /* -- instance -- */
+    /* (required) host: the plugin's host table (log, its INI section via
+     * cfg_*).  *be is the instance handed to every other call. */
+    int  (*create) (const struct rx_host *host, const struct rx_kernels_params *p,
+                    void **be, struct rx_err *err);
+    /* (required) frees the instance and everything it still owns (buffers,
+     * weights, streams).  NULL is a no-op. */
+    void (*destroy) (void *be);
+    /* (required) info->struct_size must be set by the caller. */
+    int  (*info) (void *be, struct rx_kernels_info *info);
+
+    /* -- device memory -- */
+    /* (required) align: 0 (backend default, >= 64) or a power of two.
+     * Memory is uninitialised. */
+    int  (*alloc) (void *be, size_t bytes, size_t align, void **dptr, struct rx_err *err);
+    /* (required) NULL is a no-op.  Waits for nothing: the caller must not
+     * free memory that queued work still uses (synchronize first). */
+    void (*free_) (void *be, void *dptr);
+    /* (required) copies on a stream. */
+    int  (*copy_h2d) (void *be, rx_kstream_t *s, void *dst, const void *src, size_t bytes,
+                      struct rx_err *err);
+    int  (*copy_d2h) (void *be, rx_kstream_t *s, void *dst, const void *src, size_t bytes,
+                      struct rx_err *err);
+    int  (*copy_d2d) (void *be, rx_kstream_t *s, void *dst, const void *src, size_t bytes,
+                      struct rx_err *err);
+    int  (*memset_) (void *be, rx_kstream_t *s, void *dst, int byte, size_t bytes,
+                     struct rx_err *err);
+
+    /* -- streams and graphs -- */
+    /* (required) CPU: a token stream object; ops on it are synchronous. */
+    int  (*stream_create) (void *be, rx_kstream_t **s, struct rx_err *err);
+    void (*stream_destroy) (void *be, rx_kstream_t *s);
+    int  (*synchronize) (void *be, rx_kstream_t *s, struct rx_err *err);
+    /* (required) RX_ENOTSUP = not captured, run eagerly (see the header). */
+    int  (*graph_begin) (void *be, rx_kstream_t *s, uint64_t key, struct rx_err *err);
+    int  (*graph_end) (void *be, rx_kstream_t *s, uint64_t key, struct rx_err *err);
+    int  (*graph_launch) (void *be, rx_kstream_t *s, uint64_t key, struct rx_err *err);
+    /* 1 if graph key was captured and can be launched, else 0. */
+    int  (*graph_has) (void *be, uint64_t key);
+
+    /* -- weights -- */
+    /* (required) make a weight from a host view (see rx_weight_view).  Any
+     * dtype the backend cannot compute on is RX_ENOTSUP. */
+    int  (*weight_load) (void *be, const struct rx_weight_view *v, rx_kweight_t **w,
+                         struct rx_err *err);
+    void (*weight_free) (void *be, rx_kweight_t *w);
+    /* (required) the device pointer of an F32/F16/BF16 weight's elements in
+     * GGUF order (norm weights, biases, routing bias); RX_ENOTSUP for a
+     * quantized or repacked weight. */
+    int  (*weight_data) (void *be, const rx_kweight_t *w, const void **dptr, struct rx_err *err);
+
+    /* -- ops (all on a stream; x/y are device pointers) -- */
+
+    /* (required) out[i][0..ne0) = dequantized row ids[i] of a 2-D weight
+     * (embedding lookup); any weight dtype.  ids: device int32[n]. */
+    int  (*get_rows) (void *be, rx_kstream_t *s, const rx_kweight_t *w, const int32_t *ids,
+                      size_t n, float *out, size_t ldo, struct rx_err *err);
+
+    /* (required) y = x / sqrt(mean(x^2) + eps) * w per row of dim elements;
+     * w: device F32[dim] or NULL (no weight).  y may equal x. */
+    int  (*rms_norm) (void *be, rx_kstream_t *s, const float *x, size_t ldx, const float *w,
+                      float *y, size_t ldy, size_t rows, size_t dim, float eps,
+                      struct rx_err *err);
+
+    /* (required) in place: for token t (row stride ldx) and head h (stride
+     * ld_head), rotate the first n_rot elements of x + t*ldx + h*ld_head by
+     * position pos[t] (device int32[n_tok]). */
+    int  (*rope) (void *be, rx_kstream_t *s, float *x, size_t ldx, size_t n_tok,
+                  size_t n_head, size_t ld_head, const int32_t *pos,
+                  const struct rx_rope_params *p, struct rx_err *err);
+
+    /* (required) Y[n][out] = X[n][in] . W^T (flags RX_MM_ACCUMULATE: +=) for
+     * W = [in, out] or one expert of W = [in, out, n_expert] (expert < 0 for a
+     * 2-D weight).  n = 1 is the matvec (decode) path.  Quantized weights use
+     * GGML's activation quantization (Q8_0 blocks for Q8_0/Q4_0/Q4_1, Q8_K
+     * for K-quants), F16/BF16/F32 weights multiply F32 activations. */
+    int  (*matmul) (void *be, rx_kstream_t *s, const rx_kweight_t *w, int expert,
+                    const float *x, size_t ldx, float *y, size_t ldy, size_t n,
+                    uint32_t flags, struct rx_err *err);
+
+    /* (required) out = silu(gate) * up, rows x dim. */
+    int  (*swiglu) (void *be, rx_kstream_t *s, const float *gate, size_t ldg,
+                    const float *up, size_t ldu, float *out, size_t ldo,
+                    size_t rows, size_t dim, struct rx_err *err);
+
+    /* (required) y = a + b / y = a * b elementwise, rows x dim.  ldb = 0
+     * broadcasts b's first row to every row (a bias, a norm weight). */
+    int  (*add) (void *be, rx_kstream_t *s, const float *a, size_t lda, const float *b,
+                 size_t ldb, float *y, size_t ldy, size_t rows, size_t dim, struct rx_err *err);
+    int  (*mul) (void *be, rx_kstream_t *s, const float *a, size_t lda, const float *b,
+                 size_t ldb, float *y, size_t ldy, size_t rows, size_t dim, struct rx_err *err);
+    /* (required) y = alpha * x. */
+    int  (*scale) (void *be, rx_kstream_t *s, const float *x, size_t ldx, float *y, size_t ldy,
+                   size_t rows, size_t dim, float alpha, struct rx_err *err);
+    /* (required) in place, per row: x = softmax(scale * x). */
+    int  (*softmax) (void *be, rx_kstream_t *s, float *x, size_t ldx, size_t rows, size_t dim,
+                     float scale, struct rx_err *err);
+    /* (required) y = 1 / (1 + exp(-x)). */
+    int  (*sigmoid) (void *be, rx_kstream_t *s, const float *x, size_t ldx, float *y,
+                     size_t ldy, size_t rows, size_t dim, struct rx_err *err);
+    /* (required) strided copy of a rows x dim block (y and x do not overlap). */
+    int  (*copy2d) (void *be, rx_kstream_t *s, const float *x, size_t ldx, float *y, size_t ldy,
+                    size_t rows, size_t dim, struct rx_err *err);
+
+    /* (required) out[r] = index of the largest x[r][.] (the lowest on ties). */
+    int  (*argmax) (void *be, rx_kstream_t *s, const float *x, size_t ldx, size_t rows,
+                    size_t dim, int32_t *out, struct rx_err *err);
+    /* (required) the k largest of each row, descending (lower index first on
+     * ties): vals[r*k + j], idx[r*k + j]; vals may be NULL.  1 <= k <= dim. */
+    int  (*topk) (void *be, rx_kstream_t *s, const float *x, size_t ldx, size_t rows,
+                  size_t dim, size_t k, float *vals, int32_t *idx, struct rx_err *err);
+
+    /* (required) write n_tok new K/V rows into the pool: token t's K
+     * (n_kv_head*hd_k values at k + t*ldk) goes to slot slots[t], same for V.
+     * slots: device int32[n_tok], each < n_slots. */
+    int  (*kv_store) (void *be, rx_kstream_t *s, const struct rx_kv_pool *pool,
+                      const float *k, size_t ldk, const float *v, size_t ldv,
+                      const int32_t *slots, size_t n_tok, struct rx_err *err);
+
+    /* (required) causal attention over the paged pool: for query row t and
+     * head h (q + t*ldq + h*hd_k, hd_k values), KV head h / (n_head/n_kv_head),
+     * out + t*ldo + h*hd_v = softmax(scale * q.K^T) V over the sequence's
+     * positions 0..q_pos[t]. */
+    int  (*attention) (void *be, rx_kstream_t *s, const float *q, size_t ldq,
+                       const struct rx_kv_pool *pool, const struct rx_attn_batch *b,
+                       const struct rx_attn_params *p, float *out, size_t ldo,
+                       struct rx_err *err);
+
+    /* ---- ABI 1.0 ends here.  Append only below (optional members; check
+     * with RX_HAS (struct rx_kernels_ops, ops, member)). ---- */
+};
+
+#define RX_KERNELS_OPS_SIZE_1_0 \
+    (offsetof (struct rx_kernels_ops, attention) + sizeof (void *))
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* RADIX_KERNEL_H */

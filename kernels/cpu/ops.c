@@ -1,0 +1,375 @@
+/* kernels/cpu/ops.c -- see ops.h. */
+#include <math.h>
+#include <string.h>
+
+#include "quant.h"
+#include "ops.h"
+
+/* ------------------------------------------------------ row parallelism -- */
+
+typedef void (*s_rows_fn) (void *ctx, size_t r0, size_t r1);
+
+struct s_rows {
+    s_rows_fn fn;
+    void *ctx;
+    size_t rows;
+};
+
+static void s_rows_thread (void *ctx, int ith, int nth)
+{
+    struct s_rows *r = ctx;
+    size_t per = (r->rows + (size_t) nth - 1) / (size_t) nth;
+    size_t r0 = (size_t) ith * per, r1 = r0 + per < r->rows ? r0 + per : r->rows;
+    if (r0 < r1) r->fn (r->ctx, r0, r1);
+}
+
+/* Run fn over [0, rows), split in contiguous ranges; work ~ elements touched. */
+static void s_rows_run (struct rx_kcpu *k, size_t rows, double work, s_rows_fn fn, void *ctx)
+{
+    int nth = rx_kcpu_threads_for (k, work);
+    if ((size_t) nth > rows) nth = (int) rows;
+    if (nth <= 1) {
+        if (rows) fn (ctx, 0, rows);
+        return;
+    }
+    struct s_rows r = { fn, ctx, rows };
+    rx_kpool_run (k->pool, s_rows_thread, &r, nth);
+}
+
+/* --------------------------------------------------------------- get_rows -- */
+
+struct s_get_rows {
+    const struct rx_kisa *isa;
+    const struct rx_kweight *w;
+    const int32_t *ids;
+    float *out;
+    size_t ldo;
+};
+
+static void s_get_rows_fn (void *ctx, size_t r0, size_t r1)
+{
+    struct s_get_rows *c = ctx;
+    for (size_t i = r0; i < r1; i++) {
+        const uint8_t *row = c->w->data + (size_t) c->ids[i] * c->w->row_bytes;
+        if (c->w->repacked)
+            c->isa->repacked_row (c->w->dtype, row, c->out + i * c->ldo, (size_t) c->w->ne[0]);
+        else
+            rx_dequantize_row (c->w->dtype, row, c->out + i * c->ldo, (size_t) c->w->ne[0]);
+    }
+}
+
+void rx_kcpu_get_rows (struct rx_kcpu *k, const struct rx_kweight *w, const int32_t *ids,
+                       size_t n, float *out, size_t ldo)
+{
+    struct s_get_rows c = { k->isa, w, ids, out, ldo };
+    s_rows_run (k, n, (double) n * (double) w->ne[0] * 4, s_get_rows_fn, &c);
+}
+
+/* --------------------------------------------------------------- rms_norm -- */
+
+struct s_norm {
+    const float *x, *w;
+    float *y;
+    size_t ldx, ldy, dim;
+    float eps;
+};
+
+static void s_norm_fn (void *ctx, size_t r0, size_t r1)
+{
+    struct s_norm *c = ctx;
+    for (size_t r = r0; r < r1; r++) {
+        const float *x = c->x + r * c->ldx;
+        float *y = c->y + r * c->ldy;
+        /* GGML sums squares in double (ggml_float) for rms_norm. */
+        double sum = 0.0;
+        for (size_t i = 0; i < c->dim; i++) sum += (double) (x[i] * x[i]);
+        const float scale = 1.0f / sqrtf ((float) (sum / (double) c->dim) + c->eps);
+        if (c->w)
+            for (size_t i = 0; i < c->dim; i++) y[i] = x[i] * scale * c->w[i];
+        else
+            for (size_t i = 0; i < c->dim; i++) y[i] = x[i] * scale;
+    }
+}
+
+void rx_kcpu_rms_norm (struct rx_kcpu *k, const float *x, size_t ldx, const float *w,
+                       float *y, size_t ldy, size_t rows, size_t dim, float eps)
+{
+    struct s_norm c = { x, w, y, ldx, ldy, dim, eps };
+    s_rows_run (k, rows, (double) rows * (double) dim * 4, s_norm_fn, &c);
+}
+
+/* ------------------------------------------------------------------- rope -- */
+
+void rx_kcpu_rope_corr_dims (int n_dims, int n_ctx_orig, float freq_base, float beta_fast,
+                             float beta_slow, float dims[2])
+{
+    /* The dimension at which a rotation completes n_rot turns over n_ctx_orig. */
+    float start = floorf (n_dims * logf (n_ctx_orig / (beta_fast * 2 * (float) M_PI)) /
+                          (2 * logf (freq_base)));
+    float end = ceilf (n_dims * logf (n_ctx_orig / (beta_slow * 2 * (float) M_PI)) /
+                       (2 * logf (freq_base)));
+    dims[0] = start > 0 ? start : 0;
+    dims[1] = end < (float) (n_dims - 1) ? end : (float) (n_dims - 1);
+}
+
+struct s_rope {
+    float *x;
+    size_t ldx, n_head, ld_head;
+    const int32_t *pos;
+    const struct rx_rope_params *p;
+    float corr[2];
+    float theta_scale;
+    float *cache;                 /* per thread: n_rot floats (cos, sin pairs) */
+};
+
+static float s_yarn_ramp (float low, float high, int i0)
+{
+    const float y = (float) (i0 / 2 - low) / fmaxf (0.001f, high - low);
+    return 1 - fminf (1, fmaxf (0, y));
+}
+
+static void s_rope_fn (void *ctx, size_t t0, size_t t1)
+{
+    struct s_rope *c = ctx;
+    const struct rx_rope_params *p = c->p;
+    const int n_rot = p->n_rot;
+    float cs[2 * 1024];           /* n_rot <= 2048 checked by plugin.c */
+    for (size_t t = t0; t < t1; t++) {
+        /* GGML's rope cache: theta advances by repeated multiplication. */
+        float theta = (float) c->pos[t];
+        for (int i0 = 0; i0 < n_rot; i0 += 2) {
+            const float ff = p->freq_factors ? p->freq_factors[i0 / 2] : 1.0f;
+            float theta_extrap = theta / ff;
+            float theta_interp = p->freq_scale * theta_extrap;
+            float th = theta_interp, mscale = p->attn_factor;
+            if (p->ext_factor != 0.0f) {
+                float ramp_mix = s_yarn_ramp (c->corr[0], c->corr[1], i0) * p->ext_factor;
+                th = theta_interp * (1 - ramp_mix) + theta_extrap * ramp_mix;
+                mscale *= 1.0f + 0.1f * logf (1.0f / p->freq_scale);
+            }
+            cs[i0] = cosf (th) * mscale;
+            cs[i0 + 1] = sinf (th) * mscale;
+            theta *= c->theta_scale;
+        }
+        for (size_t h = 0; h < c->n_head; h++) {
+            float *x = c->x + t * c->ldx + h * c->ld_head;
+            if (p->mode == RX_ROPE_NEOX) {
+                const int half = n_rot / 2;
+                for (int i0 = 0; i0 < n_rot; i0 += 2) {
+                    const float x0 = x[i0 / 2], x1 = x[i0 / 2 + half];
+                    x[i0 / 2] = x0 * cs[i0] - x1 * cs[i0 + 1];
+                    x[i0 / 2 + half] = x0 * cs[i0 + 1] + x1 * cs[i0];
+                }
+            } else {
+                for (int i0 = 0; i0 < n_rot; i0 += 2) {
+                    const float x0 = x[i0], x1 = x[i0 + 1];
+                    x[i0] = x0 * cs[i0] - x1 * cs[i0 + 1];
+                    x[i0 + 1] = x0 * cs[i0 + 1] + x1 * cs[i0];
+                }
+            }
+        }
+    }
+}
+
+void rx_kcpu_rope (struct rx_kcpu *k, float *x, size_t ldx, size_t n_tok, size_t n_head,
+                   size_t ld_head, const int32_t *pos, const struct rx_rope_params *p)
+{
+    struct s_rope c;
+    memset (&c, 0, sizeof c);
+    c.x = x;
+    c.ldx = ldx;
+    c.n_head = n_head;
+    c.ld_head = ld_head;
+    c.pos = pos;
+    c.p = p;
+    c.theta_scale = powf (p->freq_base, -2.0f / (float) p->n_rot);
+    rx_kcpu_rope_corr_dims (p->n_rot, p->n_ctx_orig, p->freq_base, p->beta_fast, p->beta_slow,
+                            c.corr);
+    s_rows_run (k, n_tok, (double) n_tok * (double) (n_head * (size_t) p->n_rot) * 8,
+                s_rope_fn, &c);
+}
+
+/* ---------------------------------------------------------- elementwise -- */
+
+struct s_ew {
+    const float *a, *b;
+    float *y;
+    size_t lda, ldb, ldy, dim;
+    float alpha;
+    int op;
+};
+
+static void s_swiglu_fn (void *ctx, size_t r0, size_t r1)
+{
+    struct s_ew *c = ctx;
+    for (size_t r = r0; r < r1; r++) {
+        const float *g = c->a + r * c->lda, *u = c->b + r * c->ldb;
+        float *o = c->y + r * c->ldy;
+        for (size_t i = 0; i < c->dim; i++)
+            o[i] = g[i] / (1.0f + expf (-g[i])) * u[i];
+    }
+}
+
+void rx_kcpu_swiglu (struct rx_kcpu *k, const float *g, size_t ldg, const float *u, size_t ldu,
+                     float *o, size_t ldo, size_t rows, size_t dim)
+{
+    struct s_ew c = { .a = g, .b = u, .y = o, .lda = ldg, .ldb = ldu, .ldy = ldo, .dim = dim };
+    s_rows_run (k, rows, (double) rows * (double) dim * 16, s_swiglu_fn, &c);
+}
+
+static void s_binop_fn (void *ctx, size_t r0, size_t r1)
+{
+    struct s_ew *c = ctx;
+    for (size_t r = r0; r < r1; r++) {
+        const float *a = c->a + r * c->lda, *b = c->b + r * c->ldb;
+        float *y = c->y + r * c->ldy;
+        if (c->op == RX_KOP_ADD)
+            for (size_t i = 0; i < c->dim; i++) y[i] = a[i] + b[i];
+        else
+            for (size_t i = 0; i < c->dim; i++) y[i] = a[i] * b[i];
+    }
+}
+
+void rx_kcpu_binop (struct rx_kcpu *k, int op, const float *a, size_t lda, const float *b,
+                    size_t ldb, float *y, size_t ldy, size_t rows, size_t dim)
+{
+    struct s_ew c = { .a = a, .b = b, .y = y, .lda = lda, .ldb = ldb, .ldy = ldy, .dim = dim,
+                      .op = op };
+    s_rows_run (k, rows, (double) rows * (double) dim, s_binop_fn, &c);
+}
+
+static void s_scale_fn (void *ctx, size_t r0, size_t r1)
+{
+    struct s_ew *c = ctx;
+    for (size_t r = r0; r < r1; r++) {
+        const float *x = c->a + r * c->lda;
+        float *y = c->y + r * c->ldy;
+        for (size_t i = 0; i < c->dim; i++) y[i] = c->alpha * x[i];
+    }
+}
+
+void rx_kcpu_scale (struct rx_kcpu *k, const float *x, size_t ldx, float *y, size_t ldy,
+                    size_t rows, size_t dim, float alpha)
+{
+    struct s_ew c = { .a = x, .y = y, .lda = ldx, .ldy = ldy, .dim = dim, .alpha = alpha };
+    s_rows_run (k, rows, (double) rows * (double) dim, s_scale_fn, &c);
+}
+
+static void s_sigmoid_fn (void *ctx, size_t r0, size_t r1)
+{
+    struct s_ew *c = ctx;
+    for (size_t r = r0; r < r1; r++) {
+        const float *x = c->a + r * c->lda;
+        float *y = c->y + r * c->ldy;
+        for (size_t i = 0; i < c->dim; i++) y[i] = 1.0f / (1.0f + expf (-x[i]));
+    }
+}
+
+void rx_kcpu_sigmoid (struct rx_kcpu *k, const float *x, size_t ldx, float *y, size_t ldy,
+                      size_t rows, size_t dim)
+{
+    struct s_ew c = { .a = x, .y = y, .lda = ldx, .ldy = ldy, .dim = dim };
+    s_rows_run (k, rows, (double) rows * (double) dim * 16, s_sigmoid_fn, &c);
+}
+
+static void s_copy_fn (void *ctx, size_t r0, size_t r1)
+{
+    struct s_ew *c = ctx;
+    for (size_t r = r0; r < r1; r++)
+        memcpy (c->y + r * c->ldy, c->a + r * c->lda, c->dim * sizeof (float));
+}
+
+void rx_kcpu_copy2d (struct rx_kcpu *k, const float *x, size_t ldx, float *y, size_t ldy,
+                     size_t rows, size_t dim)
+{
+    struct s_ew c = { .a = x, .y = y, .lda = ldx, .ldy = ldy, .dim = dim };
+    s_rows_run (k, rows, (double) rows * (double) dim, s_copy_fn, &c);
+}
+
+static void s_softmax_fn (void *ctx, size_t r0, size_t r1)
+{
+    struct s_ew *c = ctx;
+    for (size_t r = r0; r < r1; r++) {
+        float *x = c->y + r * c->ldy;
+        float max = -INFINITY;
+        for (size_t i = 0; i < c->dim; i++) {
+            x[i] *= c->alpha;
+            max = x[i] > max ? x[i] : max;
+        }
+        double sum = 0.0;
+        for (size_t i = 0; i < c->dim; i++) {
+            x[i] = expf (x[i] - max);
+            sum += x[i];
+        }
+        const float inv = (float) (1.0 / sum);
+        for (size_t i = 0; i < c->dim; i++) x[i] *= inv;
+    }
+}
+
+void rx_kcpu_softmax (struct rx_kcpu *k, float *x, size_t ldx, size_t rows, size_t dim,
+                      float scale)
+{
+    struct s_ew c = { .y = x, .ldy = ldx, .dim = dim, .alpha = scale };
+    s_rows_run (k, rows, (double) rows * (double) dim * 16, s_softmax_fn, &c);
+}
+
+/* ----------------------------------------------------------- argmax/topk -- */
+
+struct s_sel {
+    const float *x;
+    size_t ldx, dim, k;
+    int32_t *idx;
+    float *vals;
+};
+
+static void s_argmax_fn (void *ctx, size_t r0, size_t r1)
+{
+    struct s_sel *c = ctx;
+    for (size_t r = r0; r < r1; r++) {
+        const float *x = c->x + r * c->ldx;
+        size_t best = 0;
+        for (size_t i = 1; i < c->dim; i++)
+            if (x[i] > x[best]) best = i;   /* NaN never wins */
+        c->idx[r] = (int32_t) best;
+    }
+}
+
+void rx_kcpu_argmax (struct rx_kcpu *k, const float *x, size_t ldx, size_t rows, size_t dim,
+                     int32_t *out)
+{
+    struct s_sel c = { .x = x, .ldx = ldx, .dim = dim, .idx = out };
+    s_rows_run (k, rows, (double) rows * (double) dim, s_argmax_fn, &c);
+}
+
+static void s_topk_fn (void *ctx, size_t r0, size_t r1)
+{
+    struct s_sel *c = ctx;
+    const size_t kk = c->k;
+    for (size_t r = r0; r < r1; r++) {
+        const float *x = c->x + r * c->ldx;
+        int32_t *idx = c->idx + r * kk;
+        float *val = c->vals ? c->vals + r * kk : NULL;
+        /* Insertion into a sorted list of the best kk so far: strict '>'
+         * keeps the lower index first among equal values. */
+        size_t n = 0;
+        for (size_t i = 0; i < c->dim; i++) {
+            const float v = x[i];
+            if (n == kk && !(v > x[idx[kk - 1]])) continue;
+            size_t p = n < kk ? n++ : kk - 1;
+            while (p > 0 && v > x[idx[p - 1]]) {
+                idx[p] = idx[p - 1];
+                p--;
+            }
+            idx[p] = (int32_t) i;
+        }
+        if (val)
+            for (size_t j = 0; j < kk; j++) val[j] = x[idx[j]];
+    }
+}
+
+void rx_kcpu_topk (struct rx_kcpu *k, const float *x, size_t ldx, size_t rows, size_t dim,
+                   size_t kk, float *vals, int32_t *idx)
+{
+    struct s_sel c = { .x = x, .ldx = ldx, .dim = dim, .k = kk, .idx = idx, .vals = vals };
+    s_rows_run (k, rows, (double) rows * (double) dim * 2, s_topk_fn, &c);
+}

@@ -1,0 +1,39 @@
+/* kernels/cpu/ops.h -- row ops of the CPU backend: embedding lookup, norm,
+ * RoPE, activations, elementwise, softmax, argmax/top-k.  Portable C that the
+ * compiler vectorises; rows are split over the pool's threads when the op is
+ * big enough to pay for waking them.  Arguments are checked by plugin.c. */
+#ifndef RX_KCPU_OPS_H
+#define RX_KCPU_OPS_H
+
+#include "plugin.h"
+
+enum rx_kbinop { RX_KOP_ADD, RX_KOP_MUL };
+
+void rx_kcpu_get_rows (struct rx_kcpu *k, const struct rx_kweight *w, const int32_t *ids,
+                       size_t n, float *out, size_t ldo);
+void rx_kcpu_rms_norm (struct rx_kcpu *k, const float *x, size_t ldx, const float *w,
+                       float *y, size_t ldy, size_t rows, size_t dim, float eps);
+void rx_kcpu_rope (struct rx_kcpu *k, float *x, size_t ldx, size_t n_tok, size_t n_head,
+                   size_t ld_head, const int32_t *pos, const struct rx_rope_params *p);
+void rx_kcpu_swiglu (struct rx_kcpu *k, const float *g, size_t ldg, const float *u, size_t ldu,
+                     float *o, size_t ldo, size_t rows, size_t dim);
+void rx_kcpu_binop (struct rx_kcpu *k, int op, const float *a, size_t lda, const float *b,
+                    size_t ldb, float *y, size_t ldy, size_t rows, size_t dim);
+void rx_kcpu_scale (struct rx_kcpu *k, const float *x, size_t ldx, float *y, size_t ldy,
+                    size_t rows, size_t dim, float alpha);
+void rx_kcpu_softmax (struct rx_kcpu *k, float *x, size_t ldx, size_t rows, size_t dim,
+                      float scale);
+void rx_kcpu_sigmoid (struct rx_kcpu *k, const float *x, size_t ldx, float *y, size_t ldy,
+                      size_t rows, size_t dim);
+void rx_kcpu_copy2d (struct rx_kcpu *k, const float *x, size_t ldx, float *y, size_t ldy,
+                     size_t rows, size_t dim);
+void rx_kcpu_argmax (struct rx_kcpu *k, const float *x, size_t ldx, size_t rows, size_t dim,
+                     int32_t *out);
+void rx_kcpu_topk (struct rx_kcpu *k, const float *x, size_t ldx, size_t rows, size_t dim,
+                   size_t kk, float *vals, int32_t *idx);
+
+/* YaRN correction range (GGML's ggml_rope_yarn_corr_dims). */
+void rx_kcpu_rope_corr_dims (int n_dims, int n_ctx_orig, float freq_base, float beta_fast,
+                             float beta_slow, float dims[2]);
+
+#endif

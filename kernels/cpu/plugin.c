@@ -1,0 +1,793 @@
+/* kernels/cpu/plugin.c -- kernels-cpu: the descriptor, the ops table, the
+ * instance (memory, streams, graphs, weights) and argument checks for every
+ * op.  The compute lives in matmul.c, ops.c and attn.c. */
+#include <errno.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <radix/kernel.h>
+#include <radix/plugin.h>
+
+#include "attn.h"
+#include "matmul.h"
+#include "ops.h"
+#include "plugin.h"
+#include "quant.h"
+
+#define S_VERSION "0.1.0"
+#define S_DEFAULT_ALIGN 64
+#define S_BUF_MAGIC 0x6675424bu
+#define S_STREAM_MAGIC 0x6d727453u
+
+/* Header in front of every alloc()ed block: lets free_ spot foreign
+ * pointers and destroy release whatever the caller forgot. */
+struct rx_kbuf {
+    uint32_t magic;
+    void *raw;
+    size_t bytes;
+    struct rx_kbuf *prev, *next;
+};
+
+struct rx_kstream {
+    uint32_t magic;
+};
+
+/* ----------------------------------------------------------------- keys -- */
+
+static const struct rx_cfg_key s_keys[] = {
+    { "isa", RX_CFG_ENUM, "auto", "SIMD path: auto picks the best this CPU has", 0, 0,
+      "auto|scalar|avx2|avx512" },
+    { "spin_us", RX_CFG_INT, "1000", "microseconds an idle worker spins before sleeping",
+      0, 1000000, NULL },
+    { "weights", RX_CFG_ENUM, "auto",
+      "auto: repack into the SIMD path's layout where it has one (huge pages), else "
+      "compute on the mmapped file; map: always zero copy; copy: GGML layout in huge pages",
+      0, 0, "auto|map|copy" },
+    { NULL, 0, NULL, NULL, 0, 0, NULL }
+};
+
+/* ------------------------------------------------------------- helpers -- */
+
+void *rx_kcpu_scratch (struct rx_kcpu *k, size_t bytes)
+{
+    if (bytes <= k->scratch_cap) return k->scratch;
+    size_t cap = bytes + bytes / 4;
+    cap = (cap + 4095) / 4096 * 4096;
+    void *p = aligned_alloc (64, cap);
+    if (!p) return NULL;
+    free (k->scratch);
+    k->scratch = p;
+    k->scratch_cap = cap;
+    return p;
+}
+
+int rx_kcpu_threads_for (const struct rx_kcpu *k, double work)
+{
+    /* Waking a worker costs about a microsecond while it spins: not worth it
+     * below some tens of thousands of element operations. */
+    if (k->nth <= 1 || work < 32768.0) return 1;
+    int n = (int) (work / 16384.0);
+    return n < k->nth ? (n < 1 ? 1 : n) : k->nth;
+}
+
+/* A key of our section; its default when the host has no config.  A value
+ * the host cannot parse is a configuration error (one line from the host). */
+static int s_cfg_str (const struct rx_host *h, const char *key, const char *dflt,
+                      const char **out, struct rx_err *err)
+{
+    *out = dflt;
+    if (!h || !h->cfg_str) return RX_OK;
+    int rc = h->cfg_str (h, key, out);
+    if (rc == RX_ENOENT || !*out) {
+        *out = dflt;
+        return RX_OK;
+    }
+    if (rc != RX_OK)
+        return rx_err_set (err, RX_ECONFIG, "kernels-cpu: [kernels.cpu] %s: invalid value (%s)",
+                           key, rx_status_name (rc));
+    return RX_OK;
+}
+
+static long s_ncpu (void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity (0, sizeof set, &set) == 0) {
+        int n = CPU_COUNT (&set);
+        if (n > 0) return n;
+    }
+    long n = sysconf (_SC_NPROCESSORS_ONLN);
+    return n > 0 ? n : 1;
+}
+
+/* ------------------------------------------------------------- instance -- */
+
+static void s_destroy (void *be);
+
+static int s_create (const struct rx_host *host, const struct rx_kernels_params *p, void **be,
+                     struct rx_err *err)
+{
+    if (!be) return rx_err_set (err, RX_EINVAL, "kernels-cpu create: be is NULL");
+    *be = NULL;
+    int threads = 0;
+    if (p) {
+        if (p->struct_size < offsetof (struct rx_kernels_params, device) + sizeof (int32_t))
+            return rx_err_set (err, RX_EABI, "kernels-cpu create: params struct_size %u too "
+                               "small", p->struct_size);
+        threads = p->threads;
+        if (p->device != 0)
+            return rx_err_set (err, RX_EINVAL, "kernels-cpu create: device %d: the CPU "
+                               "backend has only device 0", p->device);
+    }
+    if (threads < 0 || threads > 4096)
+        return rx_err_set (err, RX_EINVAL, "kernels-cpu create: threads = %d (0..4096)", threads);
+    if (threads == 0) threads = (int) s_ncpu ();
+
+    const char *isa_name, *weights;
+    int rc = s_cfg_str (host, "isa", "auto", &isa_name, err);
+    if (rc == RX_OK) rc = s_cfg_str (host, "weights", "auto", &weights, err);
+    if (rc != RX_OK) return rc;
+    int64_t spin = 1000;
+    if (host && host->cfg_int && host->cfg_int (host, "spin_us", &spin) != RX_OK) spin = 1000;
+    int wmode;
+    if (strcmp (weights, "auto") == 0) wmode = RX_KW_AUTO;
+    else if (strcmp (weights, "map") == 0) wmode = RX_KW_MAP;
+    else if (strcmp (weights, "copy") == 0) wmode = RX_KW_COPY;
+    else
+        return rx_err_set (err, RX_ECONFIG, "kernels-cpu: weights = %s: use auto, map or copy",
+                           weights);
+    int isa_id;
+    rc = rx_kisa_from_name (isa_name, &isa_id, err);
+    if (rc != RX_OK) return rc;
+
+    struct rx_kcpu *k = calloc (1, sizeof *k);
+    if (!k) return rx_err_set (err, RX_ENOMEM, "kernels-cpu create: out of memory");
+    k->host = host;
+    k->nth = threads;
+    k->isa_id = isa_id;
+    k->isa = rx_kisa_get (isa_id);
+    k->weights_mode = wmode;
+    k->pool = rx_kpool_new (threads, (int) spin, err);
+    if (!k->pool) {
+        free (k);
+        return err ? err->code : RX_ENOMEM;
+    }
+    RX_HLOG (host, RX_LOG_INFO, "%d threads, isa %s (cpu: %s), weights %s",
+             threads, k->isa->name, rx_kisa_features (), weights);
+    *be = k;
+    return RX_OK;
+}
+
+static void s_weight_release (struct rx_kcpu *k, struct rx_kweight *w);
+
+static void s_destroy (void *be)
+{
+    struct rx_kcpu *k = be;
+    if (!k) return;
+    rx_kpool_destroy (&k->pool);
+    while (k->weights) s_weight_release (k, k->weights);
+    while (k->bufs) {
+        struct rx_kbuf *b = k->bufs;
+        k->bufs = b->next;
+        b->magic = 0;
+        free (b->raw);
+    }
+    free (k->scratch);
+    free (k);
+}
+
+static int s_info (void *be, struct rx_kernels_info *info)
+{
+    struct rx_kcpu *k = be;
+    if (!k || !info || info->struct_size < offsetof (struct rx_kernels_info, threads))
+        return RX_EINVAL;
+    uint32_t sz = info->struct_size;
+    info->name = "cpu";
+    snprintf (info->device, sizeof info->device, "%s %s (%d threads)",
+#if defined(__x86_64__)
+              "x86-64",
+#elif defined(__aarch64__)
+              "aarch64",
+#else
+              "cpu",
+#endif
+              k->isa->name, k->nth);
+    long pages = sysconf (_SC_PHYS_PAGES), psz = sysconf (_SC_PAGESIZE);
+    info->mem_bytes = pages > 0 && psz > 0 ? (uint64_t) pages * (uint64_t) psz : 0;
+    info->caps = RX_KCAP_HOST_VISIBLE | RX_KCAP_KV_F16;
+    if (sz >= offsetof (struct rx_kernels_info, threads) + sizeof (int32_t))
+        info->threads = k->nth;
+    return RX_OK;
+}
+
+/* --------------------------------------------------------------- memory -- */
+
+static int s_alloc (void *be, size_t bytes, size_t align, void **dptr, struct rx_err *err)
+{
+    struct rx_kcpu *k = be;
+    if (!k || !dptr) return rx_err_set (err, RX_EINVAL, "kernels-cpu alloc: NULL argument");
+    *dptr = NULL;
+    if (align == 0) align = S_DEFAULT_ALIGN;
+    if (align & (align - 1) || align > 1u << 21)
+        return rx_err_set (err, RX_EINVAL, "kernels-cpu alloc: align %zu is not a power of two "
+                           "<= 2 MiB", align);
+    if (align < S_DEFAULT_ALIGN) align = S_DEFAULT_ALIGN;
+    size_t hdr = (sizeof (struct rx_kbuf) + align - 1) / align * align;
+    if (bytes > SIZE_MAX - hdr - align)
+        return rx_err_set (err, RX_ENOMEM, "kernels-cpu alloc: %zu bytes is too large", bytes);
+    size_t total = hdr + (bytes ? bytes : 1);
+    total = (total + align - 1) / align * align;
+    void *raw = aligned_alloc (align, total);
+    if (!raw)
+        return rx_err_set (err, RX_ENOMEM, "kernels-cpu alloc: out of memory (%zu bytes)", bytes);
+    uint8_t *user = (uint8_t *) raw + hdr;
+    struct rx_kbuf *b = (struct rx_kbuf *) (user - sizeof *b);
+    b->magic = S_BUF_MAGIC;
+    b->raw = raw;
+    b->bytes = bytes;
+    b->prev = NULL;
+    b->next = k->bufs;
+    if (k->bufs) k->bufs->prev = b;
+    k->bufs = b;
+    *dptr = user;
+    return RX_OK;
+}
+
+static void s_free (void *be, void *dptr)
+{
+    struct rx_kcpu *k = be;
+    if (!k || !dptr) return;
+    /* Look the pointer up rather than read a header in front of memory that
+     * may not be ours. */
+    struct rx_kbuf *b = k->bufs;
+    while (b && (uint8_t *) b + sizeof *b != (uint8_t *) dptr) b = b->next;
+    if (!b || b->magic != S_BUF_MAGIC) {
+        RX_HLOG (k->host, RX_LOG_ERROR, "kernels-cpu free: %p was not allocated here; ignored",
+                 dptr);
+        return;
+    }
+    b->magic = 0;
+    if (b->prev) b->prev->next = b->next; else k->bufs = b->next;
+    if (b->next) b->next->prev = b->prev;
+    free (b->raw);
+}
+
+static int s_copy (void *be, rx_kstream_t *s, void *dst, const void *src, size_t bytes,
+                   struct rx_err *err, const char *what)
+{
+    if (!be) return rx_err_set (err, RX_EINVAL, "kernels-cpu %s: no backend", what);
+    if (s && s->magic != S_STREAM_MAGIC)
+        return rx_err_set (err, RX_EINVAL, "kernels-cpu %s: bad stream", what);
+    if (bytes == 0) return RX_OK;
+    if (!dst || !src) return rx_err_set (err, RX_EINVAL, "kernels-cpu %s: NULL pointer", what);
+    memmove (dst, src, bytes);
+    return RX_OK;
+}
+
+static int s_copy_h2d (void *be, rx_kstream_t *s, void *dst, const void *src, size_t bytes,
+                       struct rx_err *err)
+{
+    return s_copy (be, s, dst, src, bytes, err, "copy_h2d");
+}
+
+static int s_copy_d2h (void *be, rx_kstream_t *s, void *dst, const void *src, size_t bytes,
+                       struct rx_err *err)
+{
+    return s_copy (be, s, dst, src, bytes, err, "copy_d2h");
+}
+
+static int s_copy_d2d (void *be, rx_kstream_t *s, void *dst, const void *src, size_t bytes,
+                       struct rx_err *err)
+{
+    return s_copy (be, s, dst, src, bytes, err, "copy_d2d");
+}
+
+static int s_memset (void *be, rx_kstream_t *s, void *dst, int byte, size_t bytes,
+                     struct rx_err *err)
+{
+    if (!be) return rx_err_set (err, RX_EINVAL, "kernels-cpu memset: no backend");
+    if (s && s->magic != S_STREAM_MAGIC)
+        return rx_err_set (err, RX_EINVAL, "kernels-cpu memset: bad stream");
+    if (bytes == 0) return RX_OK;
+    if (!dst) return rx_err_set (err, RX_EINVAL, "kernels-cpu memset: NULL pointer");
+    memset (dst, byte, bytes);
+    return RX_OK;
+}
+
+/* ------------------------------------------------------ streams, graphs -- */
+
+static int s_stream_create (void *be, rx_kstream_t **s, struct rx_err *err)
+{
+    if (!be || !s) return rx_err_set (err, RX_EINVAL, "kernels-cpu stream_create: NULL argument");
+    *s = malloc (sizeof **s);
+    if (!*s) return rx_err_set (err, RX_ENOMEM, "kernels-cpu stream_create: out of memory");
+    (*s)->magic = S_STREAM_MAGIC;
+    return RX_OK;
+}
+
+static void s_stream_destroy (void *be, rx_kstream_t *s)
+{
+    (void) be;
+    if (!s || s->magic != S_STREAM_MAGIC) return;
+    s->magic = 0;
+    free (s);
+}
+
+static int s_synchronize (void *be, rx_kstream_t *s, struct rx_err *err)
+{
+    if (!be) return rx_err_set (err, RX_EINVAL, "kernels-cpu synchronize: no backend");
+    if (s && s->magic != S_STREAM_MAGIC)
+        return rx_err_set (err, RX_EINVAL, "kernels-cpu synchronize: bad stream");
+    return RX_OK;   /* every op already ran to completion */
+}
+
+static int s_graph_begin (void *be, rx_kstream_t *s, uint64_t key, struct rx_err *err)
+{
+    (void) be; (void) s;
+    return rx_err_set (err, RX_ENOTSUP, "kernels-cpu: graph %llu not captured (no graphs on "
+                       "the CPU): run the ops eagerly", (unsigned long long) key);
+}
+
+static int s_graph_end (void *be, rx_kstream_t *s, uint64_t key, struct rx_err *err)
+{
+    (void) be; (void) s;
+    return rx_err_set (err, RX_ENOTSUP, "kernels-cpu: graph %llu: no capture in progress "
+                       "(no graphs on the CPU)", (unsigned long long) key);
+}
+
+static int s_graph_launch (void *be, rx_kstream_t *s, uint64_t key, struct rx_err *err)
+{
+    (void) be; (void) s;
+    return rx_err_set (err, RX_ENOTSUP, "kernels-cpu: graph %llu was never captured (no "
+                       "graphs on the CPU)", (unsigned long long) key);
+}
+
+static int s_graph_has (void *be, uint64_t key)
+{
+    (void) be; (void) key;
+    return 0;
+}
+
+/* -------------------------------------------------------------- weights -- */
+
+/* Memory for a weight we own: big ones are mapped on 2 MiB boundaries and
+ * advised to use huge pages (decode streams every weight each token, so
+ * TLB misses count); small ones come from malloc (*mapped = 0). */
+static void *s_weight_mem (size_t bytes, size_t *mapped)
+{
+    *mapped = 0;
+    if (bytes < (1u << 20)) return aligned_alloc (64, (bytes + 63) / 64 * 64);
+    size_t len = (bytes + (1u << 21) - 1) & ~(size_t) ((1u << 21) - 1);
+    void *m = mmap (NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return NULL;
+#ifdef MADV_HUGEPAGE
+    madvise (m, len, MADV_HUGEPAGE);
+#endif
+    *mapped = len;
+    return m;
+}
+
+static int s_weight_ok (const struct rx_kweight *w)
+{
+    return w && w->magic == RX_KWEIGHT_MAGIC;
+}
+
+static int s_weight_load (void *be, const struct rx_weight_view *v, rx_kweight_t **out,
+                          struct rx_err *err)
+{
+    struct rx_kcpu *k = be;
+    if (!k || !v || !out) return rx_err_set (err, RX_EINVAL, "kernels-cpu weight_load: NULL argument");
+    *out = NULL;
+    const char *name = v->name ? v->name : "(unnamed)";
+    if (!rx_quant_supported (v->dtype) || v->dtype == RX_Q8_K)
+        return rx_err_set (err, RX_ENOTSUP, "kernels-cpu weight_load: %s: dtype %s (%d) is not "
+                           "supported (f32 f16 bf16 q8_0 q4_0 q4_1 q4_K q5_K q6_K)", name,
+                           rx_dtype_name (v->dtype), v->dtype);
+    if (v->n_dims < 1 || v->n_dims > 4)
+        return rx_err_set (err, RX_EINVAL, "kernels-cpu weight_load: %s: n_dims %u (1..4)",
+                           name, v->n_dims);
+    uint64_t n_el = 1;
+    for (int i = 0; i < 4; i++) {
+        if (v->ne[i] == 0 || v->ne[i] > (1ull << 40) || (i >= (int) v->n_dims && v->ne[i] != 1))
+            return rx_err_set (err, RX_EINVAL, "kernels-cpu weight_load: %s: bad ne[%d] = %llu",
+                               name, i, (unsigned long long) v->ne[i]);
+        if (n_el > UINT64_MAX / v->ne[i])
+            return rx_err_set (err, RX_EINVAL, "kernels-cpu weight_load: %s: too many elements",
+                               name);
+        n_el *= v->ne[i];
+    }
+    size_t row_bytes = rx_dtype_row_bytes (v->dtype, (size_t) v->ne[0]);
+    if (row_bytes == 0)
+        return rx_err_set (err, RX_EINVAL, "kernels-cpu weight_load: %s: ne[0] = %llu is not a "
+                           "multiple of the %s block (%zu)", name, (unsigned long long) v->ne[0],
+                           rx_dtype_name (v->dtype), rx_dtype_block (v->dtype));
+    uint64_t rows = n_el / v->ne[0];
+    if (rows > SIZE_MAX / row_bytes || (size_t) rows * row_bytes != v->nbytes)
+        return rx_err_set (err, RX_EINVAL, "kernels-cpu weight_load: %s: %zu bytes given, "
+                           "shape and dtype need %llu", name, v->nbytes,
+                           (unsigned long long) (rows * row_bytes));
+    if (!v->data)
+        return rx_err_set (err, RX_EINVAL, "kernels-cpu weight_load: %s: data is NULL", name);
+    struct rx_kweight *w = calloc (1, sizeof *w);
+    if (!w) return rx_err_set (err, RX_ENOMEM, "kernels-cpu weight_load: out of memory");
+    w->magic = RX_KWEIGHT_MAGIC;
+    w->dtype = v->dtype;
+    w->n_dims = v->n_dims;
+    memcpy (w->ne, v->ne, sizeof w->ne);
+    w->row_bytes = row_bytes;
+    w->data = v->data;
+    size_t rp_rb = 0;
+    if (k->weights_mode == RX_KW_AUTO && k->isa->repack_row_bytes && v->n_dims >= 2)
+        rp_rb = k->isa->repack_row_bytes (v->dtype, (size_t) v->ne[0]);
+    if (rp_rb || (k->weights_mode == RX_KW_COPY && v->nbytes >= (1u << 20))) {
+        size_t bytes = rp_rb ? rp_rb * (size_t) rows : v->nbytes;
+        void *m = s_weight_mem (bytes, &w->owned_bytes);
+        if (!m) {
+            free (w);
+            return rx_err_set (err, RX_ENOMEM, "kernels-cpu weight_load: %s: cannot allocate "
+                               "%zu bytes: %s", name, bytes, strerror (errno));
+        }
+        if (rp_rb) {
+            k->isa->repack (v->dtype, v->data, m, (size_t) v->ne[0], (size_t) rows);
+            w->row_bytes = rp_rb;
+            w->repacked = 1;
+        } else {
+            memcpy (m, v->data, v->nbytes);
+        }
+        w->owned = m;
+        w->data = m;
+    }
+    w->next = k->weights;
+    if (k->weights) k->weights->prev = w;
+    k->weights = w;
+    *out = w;
+    return RX_OK;
+}
+
+static void s_weight_release (struct rx_kcpu *k, struct rx_kweight *w)
+{
+    if (w->prev) w->prev->next = w->next; else k->weights = w->next;
+    if (w->next) w->next->prev = w->prev;
+    if (w->owned && w->owned_bytes) munmap (w->owned, w->owned_bytes);
+    else free (w->owned);
+    w->magic = 0;
+    free (w);
+}
+
+static void s_weight_free (void *be, rx_kweight_t *w)
+{
+    struct rx_kcpu *k = be;
+    if (!k || !w) return;
+    struct rx_kweight *it = k->weights;
+    while (it && it != w) it = it->next;
+    if (!it) {
+        RX_HLOG (k->host, RX_LOG_ERROR, "kernels-cpu weight_free: %p is not a weight; ignored",
+                 (void *) w);
+        return;
+    }
+    s_weight_release (k, w);
+}
+
+static int s_weight_data (void *be, const rx_kweight_t *w, const void **dptr,
+                          struct rx_err *err)
+{
+    if (!be || !dptr || !s_weight_ok (w))
+        return rx_err_set (err, RX_EINVAL, "kernels-cpu weight_data: bad argument");
+    if (w->dtype != RX_F32 && w->dtype != RX_F16 && w->dtype != RX_BF16)
+        return rx_err_set (err, RX_ENOTSUP, "kernels-cpu weight_data: a %s weight has no "
+                           "plain element array", rx_dtype_name (w->dtype));
+    *dptr = w->data;
+    return RX_OK;
+}
+
+/* ------------------------------------------------------------------ ops -- */
+
+/* Common checks: a backend, a valid stream, a matrix view fits its ld. */
+#define S_BEGIN(opname)                                                              \
+    struct rx_kcpu *k = be;                                                          \
+    static const char *const s_op = opname;                                          \
+    if (!k) return rx_err_set (err, RX_EINVAL, "kernels-cpu %s: no backend", s_op);  \
+    if (s && s->magic != S_STREAM_MAGIC)                                             \
+        return rx_err_set (err, RX_EINVAL, "kernels-cpu %s: bad stream", s_op)
+
+#define S_NEED(cond, ...)                                                            \
+    do { if (!(cond)) return rx_err_set (err, RX_EINVAL, __VA_ARGS__); } while (0)
+
+/* A rows x dim view with leading dimension ld (ld 0 allowed when bcast). */
+#define S_VIEW(ptr, ld, rows, dim, bcast)                                            \
+    S_NEED ((ptr) != NULL || (rows) == 0, "kernels-cpu %s: %s is NULL", s_op, #ptr); \
+    S_NEED ((ld) >= (dim) || ((bcast) && (ld) == 0) || (rows) <= 1,                  \
+            "kernels-cpu %s: %s = %zu is smaller than dim %zu", s_op, #ld, (size_t) (ld), \
+            (size_t) (dim))
+
+static int s_get_rows (void *be, rx_kstream_t *s, const rx_kweight_t *w, const int32_t *ids,
+                       size_t n, float *out, size_t ldo, struct rx_err *err)
+{
+    S_BEGIN ("get_rows");
+    S_NEED (s_weight_ok (w), "kernels-cpu get_rows: bad weight handle");
+    S_NEED (n == 0 || ids, "kernels-cpu get_rows: ids is NULL");
+    S_VIEW (out, ldo, n, (size_t) w->ne[0], 0);
+    uint64_t rows = w->ne[1] * w->ne[2] * w->ne[3];
+    for (size_t i = 0; i < n; i++)
+        S_NEED (ids[i] >= 0 && (uint64_t) ids[i] < rows,
+                "kernels-cpu get_rows: id %d at %zu is outside 0..%llu", ids[i], i,
+                (unsigned long long) rows - 1);
+    rx_kcpu_get_rows (k, w, ids, n, out, ldo);
+    return RX_OK;
+}
+
+static int s_rms_norm (void *be, rx_kstream_t *s, const float *x, size_t ldx, const float *w,
+                       float *y, size_t ldy, size_t rows, size_t dim, float eps,
+                       struct rx_err *err)
+{
+    S_BEGIN ("rms_norm");
+    S_NEED (dim > 0, "kernels-cpu rms_norm: dim is 0");
+    S_VIEW (x, ldx, rows, dim, 0);
+    S_VIEW (y, ldy, rows, dim, 0);
+    S_NEED (eps >= 0.f, "kernels-cpu rms_norm: eps %g < 0", (double) eps);
+    rx_kcpu_rms_norm (k, x, ldx, w, y, ldy, rows, dim, eps);
+    return RX_OK;
+}
+
+static int s_rope (void *be, rx_kstream_t *s, float *x, size_t ldx, size_t n_tok,
+                   size_t n_head, size_t ld_head, const int32_t *pos,
+                   const struct rx_rope_params *p, struct rx_err *err)
+{
+    S_BEGIN ("rope");
+    S_NEED (p && p->struct_size >= offsetof (struct rx_rope_params, beta_slow) + sizeof (float),
+            "kernels-cpu rope: params missing or too old");
+    struct rx_rope_params rp;
+    memset (&rp, 0, sizeof rp);
+    memcpy (&rp, p, p->struct_size < sizeof rp ? p->struct_size : sizeof rp);
+    S_NEED (rp.mode == RX_ROPE_NORMAL || rp.mode == RX_ROPE_NEOX,
+            "kernels-cpu rope: mode %d (0 normal, 2 neox)", rp.mode);
+    S_NEED (rp.n_rot > 0 && rp.n_rot % 2 == 0 && rp.n_rot <= 2048,
+            "kernels-cpu rope: n_rot %d must be even, 2..2048", rp.n_rot);
+    S_NEED (n_head == 0 || ld_head >= (size_t) rp.n_rot || n_head == 1,
+            "kernels-cpu rope: ld_head %zu < n_rot %d", ld_head, rp.n_rot);
+    S_NEED (n_tok <= 1 || ldx >= (n_head - 1) * ld_head + (size_t) rp.n_rot,
+            "kernels-cpu rope: ldx %zu too small for %zu heads", ldx, n_head);
+    S_NEED (rp.freq_base > 0.f && rp.freq_scale > 0.f,
+            "kernels-cpu rope: freq_base and freq_scale must be > 0");
+    S_NEED (n_tok == 0 || (x && pos), "kernels-cpu rope: NULL pointer");
+    rx_kcpu_rope (k, x, ldx, n_tok, n_head, ld_head, pos, &rp);
+    return RX_OK;
+}
+
+static int s_matmul (void *be, rx_kstream_t *s, const rx_kweight_t *w, int expert,
+                     const float *x, size_t ldx, float *y, size_t ldy, size_t n,
+                     uint32_t flags, struct rx_err *err)
+{
+    S_BEGIN ("matmul");
+    S_NEED (s_weight_ok (w), "kernels-cpu matmul: bad weight handle");
+    S_NEED (w->n_dims >= 2 && w->ne[3] == 1, "kernels-cpu matmul: weight must be 2-D or 3-D");
+    S_NEED (k->isa->mm_supported (w->dtype), "kernels-cpu matmul: no %s kernel on path %s",
+            rx_dtype_name (w->dtype), k->isa->name);
+    if (w->ne[2] > 1 || w->n_dims == 3)
+        S_NEED (expert >= 0 && (uint64_t) expert < w->ne[2],
+                "kernels-cpu matmul: expert %d outside 0..%llu", expert,
+                (unsigned long long) w->ne[2] - 1);
+    else
+        S_NEED (expert <= 0, "kernels-cpu matmul: expert %d for a 2-D weight", expert);
+    S_NEED ((flags & ~RX_MM_ACCUMULATE) == 0, "kernels-cpu matmul: unknown flags 0x%x", flags);
+    S_VIEW (x, ldx, n, (size_t) w->ne[0], 0);
+    S_VIEW (y, ldy, n, (size_t) w->ne[1], 0);
+    if (n == 0) return RX_OK;
+    return rx_kcpu_matmul (k, w, expert, x, ldx, y, ldy, n, flags, err);
+}
+
+static int s_swiglu (void *be, rx_kstream_t *s, const float *gate, size_t ldg, const float *up,
+                     size_t ldu, float *out, size_t ldo, size_t rows, size_t dim,
+                     struct rx_err *err)
+{
+    S_BEGIN ("swiglu");
+    S_VIEW (gate, ldg, rows, dim, 0);
+    S_VIEW (up, ldu, rows, dim, 0);
+    S_VIEW (out, ldo, rows, dim, 0);
+    rx_kcpu_swiglu (k, gate, ldg, up, ldu, out, ldo, rows, dim);
+    return RX_OK;
+}
+
+static int s_binop (void *be, rx_kstream_t *s, int op, const char *name, const float *a,
+                    size_t lda, const float *b, size_t ldb, float *y, size_t ldy, size_t rows,
+                    size_t dim, struct rx_err *err)
+{
+    struct rx_kcpu *k = be;
+    const char *s_op = name;
+    if (!k) return rx_err_set (err, RX_EINVAL, "kernels-cpu %s: no backend", s_op);
+    if (s && s->magic != S_STREAM_MAGIC)
+        return rx_err_set (err, RX_EINVAL, "kernels-cpu %s: bad stream", s_op);
+    S_VIEW (a, lda, rows, dim, 0);
+    S_VIEW (b, ldb, rows, dim, 1);
+    S_VIEW (y, ldy, rows, dim, 0);
+    rx_kcpu_binop (k, op, a, lda, b, ldb, y, ldy, rows, dim);
+    return RX_OK;
+}
+
+static int s_add (void *be, rx_kstream_t *s, const float *a, size_t lda, const float *b,
+                  size_t ldb, float *y, size_t ldy, size_t rows, size_t dim, struct rx_err *err)
+{
+    return s_binop (be, s, RX_KOP_ADD, "add", a, lda, b, ldb, y, ldy, rows, dim, err);
+}
+
+static int s_mul (void *be, rx_kstream_t *s, const float *a, size_t lda, const float *b,
+                  size_t ldb, float *y, size_t ldy, size_t rows, size_t dim, struct rx_err *err)
+{
+    return s_binop (be, s, RX_KOP_MUL, "mul", a, lda, b, ldb, y, ldy, rows, dim, err);
+}
+
+static int s_scale (void *be, rx_kstream_t *s, const float *x, size_t ldx, float *y, size_t ldy,
+                    size_t rows, size_t dim, float alpha, struct rx_err *err)
+{
+    S_BEGIN ("scale");
+    S_VIEW (x, ldx, rows, dim, 0);
+    S_VIEW (y, ldy, rows, dim, 0);
+    rx_kcpu_scale (k, x, ldx, y, ldy, rows, dim, alpha);
+    return RX_OK;
+}
+
+static int s_softmax (void *be, rx_kstream_t *s, float *x, size_t ldx, size_t rows, size_t dim,
+                      float scale, struct rx_err *err)
+{
+    S_BEGIN ("softmax");
+    S_NEED (dim > 0, "kernels-cpu softmax: dim is 0");
+    S_VIEW (x, ldx, rows, dim, 0);
+    rx_kcpu_softmax (k, x, ldx, rows, dim, scale);
+    return RX_OK;
+}
+
+static int s_sigmoid (void *be, rx_kstream_t *s, const float *x, size_t ldx, float *y,
+                      size_t ldy, size_t rows, size_t dim, struct rx_err *err)
+{
+    S_BEGIN ("sigmoid");
+    S_VIEW (x, ldx, rows, dim, 0);
+    S_VIEW (y, ldy, rows, dim, 0);
+    rx_kcpu_sigmoid (k, x, ldx, y, ldy, rows, dim);
+    return RX_OK;
+}
+
+static int s_copy2d (void *be, rx_kstream_t *s, const float *x, size_t ldx, float *y,
+                     size_t ldy, size_t rows, size_t dim, struct rx_err *err)
+{
+    S_BEGIN ("copy2d");
+    S_VIEW (x, ldx, rows, dim, 0);
+    S_VIEW (y, ldy, rows, dim, 0);
+    rx_kcpu_copy2d (k, x, ldx, y, ldy, rows, dim);
+    return RX_OK;
+}
+
+static int s_argmax (void *be, rx_kstream_t *s, const float *x, size_t ldx, size_t rows,
+                     size_t dim, int32_t *out, struct rx_err *err)
+{
+    S_BEGIN ("argmax");
+    S_NEED (dim > 0 && dim <= INT32_MAX, "kernels-cpu argmax: dim %zu (1..2^31-1)", dim);
+    S_VIEW (x, ldx, rows, dim, 0);
+    S_NEED (rows == 0 || out, "kernels-cpu argmax: out is NULL");
+    rx_kcpu_argmax (k, x, ldx, rows, dim, out);
+    return RX_OK;
+}
+
+static int s_topk (void *be, rx_kstream_t *s, const float *x, size_t ldx, size_t rows,
+                   size_t dim, size_t kk, float *vals, int32_t *idx, struct rx_err *err)
+{
+    S_BEGIN ("topk");
+    S_NEED (dim > 0 && dim <= INT32_MAX, "kernels-cpu topk: dim %zu (1..2^31-1)", dim);
+    S_NEED (kk >= 1 && kk <= dim, "kernels-cpu topk: k = %zu outside 1..%zu", kk, dim);
+    S_VIEW (x, ldx, rows, dim, 0);
+    S_NEED (rows == 0 || idx, "kernels-cpu topk: idx is NULL");
+    rx_kcpu_topk (k, x, ldx, rows, dim, kk, vals, idx);
+    return RX_OK;
+}
+
+static int s_pool_check (const struct rx_kv_pool *pool, const char *s_op, struct rx_err *err)
+{
+    S_NEED (pool, "kernels-cpu %s: pool is NULL", s_op);
+    S_NEED (pool->k && pool->v, "kernels-cpu %s: pool buffers are NULL", s_op);
+    S_NEED (pool->dtype == RX_F32 || pool->dtype == RX_F16,
+            "kernels-cpu %s: pool dtype %s (f32 or f16)", s_op, rx_dtype_name (pool->dtype));
+    S_NEED (pool->n_kv_head > 0 && pool->hd_k > 0 && pool->hd_v > 0,
+            "kernels-cpu %s: pool n_kv_head %d, hd_k %d, hd_v %d must be > 0", s_op,
+            pool->n_kv_head, pool->hd_k, pool->hd_v);
+    S_NEED (pool->n_slots > 0 && pool->n_slots <= INT32_MAX,
+            "kernels-cpu %s: pool n_slots %llu (1..2^31-1)", s_op,
+            (unsigned long long) pool->n_slots);
+    return RX_OK;
+}
+
+static int s_kv_store (void *be, rx_kstream_t *s, const struct rx_kv_pool *pool,
+                       const float *kx, size_t ldk, const float *vx, size_t ldv,
+                       const int32_t *slots, size_t n_tok, struct rx_err *err)
+{
+    S_BEGIN ("kv_store");
+    int rc = s_pool_check (pool, s_op, err);
+    if (rc != RX_OK) return rc;
+    size_t nk = (size_t) pool->n_kv_head * (size_t) pool->hd_k;
+    size_t nv = (size_t) pool->n_kv_head * (size_t) pool->hd_v;
+    S_VIEW (kx, ldk, n_tok, nk, 0);
+    S_VIEW (vx, ldv, n_tok, nv, 0);
+    S_NEED (n_tok == 0 || slots, "kernels-cpu kv_store: slots is NULL");
+    for (size_t t = 0; t < n_tok; t++)
+        S_NEED (slots[t] >= 0 && (uint64_t) slots[t] < pool->n_slots,
+                "kernels-cpu kv_store: slot %d for token %zu is outside the pool (%llu slots)",
+                slots[t], t, (unsigned long long) pool->n_slots);
+    rx_kcpu_kv_store (k, pool, kx, ldk, vx, ldv, slots, n_tok);
+    return RX_OK;
+}
+
+static int s_attention (void *be, rx_kstream_t *s, const float *q, size_t ldq,
+                        const struct rx_kv_pool *pool, const struct rx_attn_batch *b,
+                        const struct rx_attn_params *p, float *out, size_t ldo,
+                        struct rx_err *err)
+{
+    S_BEGIN ("attention");
+    int rc = s_pool_check (pool, s_op, err);
+    if (rc != RX_OK) return rc;
+    S_NEED (b && p, "kernels-cpu attention: batch or params is NULL");
+    S_NEED (p->struct_size >= offsetof (struct rx_attn_params, window) + sizeof (int32_t),
+            "kernels-cpu attention: params struct_size %u too small", p->struct_size);
+    S_NEED (p->n_head > 0 && p->n_head % pool->n_kv_head == 0,
+            "kernels-cpu attention: n_head %d is not a multiple of n_kv_head %d", p->n_head,
+            pool->n_kv_head);
+    S_NEED (p->window >= 0 && p->softcap >= 0.f,
+            "kernels-cpu attention: window %d and softcap %g must be >= 0", p->window,
+            (double) p->softcap);
+    S_NEED (b->n_seq >= 0 && b->n_tokens >= 0, "kernels-cpu attention: negative counts");
+    if (b->n_tokens == 0) return RX_OK;
+    S_NEED (b->n_seq > 0 && b->q_start && b->kv_start && b->slots && b->q_pos,
+            "kernels-cpu attention: batch arrays missing");
+    size_t qd = (size_t) p->n_head * (size_t) pool->hd_k;
+    size_t od = (size_t) p->n_head * (size_t) pool->hd_v;
+    S_VIEW (q, ldq, (size_t) b->n_tokens, qd, 0);
+    S_VIEW (out, ldo, (size_t) b->n_tokens, od, 0);
+    rc = rx_kcpu_attn_check (pool, b, err);
+    if (rc != RX_OK) return rc;
+    return rx_kcpu_attention (k, q, ldq, pool, b, p, out, ldo, err);
+}
+
+/* ------------------------------------------------------------ the table -- */
+
+static const struct rx_kernels_ops s_ops = {
+    .struct_size = sizeof s_ops,
+    .create = s_create,
+    .destroy = s_destroy,
+    .info = s_info,
+    .alloc = s_alloc,
+    .free_ = s_free,
+    .copy_h2d = s_copy_h2d,
+    .copy_d2h = s_copy_d2h,
+    .copy_d2d = s_copy_d2d,
+    .memset_ = s_memset,
+    .stream_create = s_stream_create,
+    .stream_destroy = s_stream_destroy,
+    .synchronize = s_synchronize,
+    .graph_begin = s_graph_begin,
+    .graph_end = s_graph_end,
+    .graph_launch = s_graph_launch,
+    .graph_has = s_graph_has,
+    .weight_load = s_weight_load,
+    .weight_free = s_weight_free,
+    .weight_data = s_weight_data,
+    .get_rows = s_get_rows,
+    .rms_norm = s_rms_norm,
+    .rope = s_rope,
+    .matmul = s_matmul,
+    .swiglu = s_swiglu,
+    .add = s_add,
+    .mul = s_mul,
+    .scale = s_scale,
+    .softmax = s_softmax,
+    .sigmoid = s_sigmoid,
+    .copy2d = s_copy2d,
+    .argmax = s_argmax,
+    .topk = s_topk,
+    .kv_store = s_kv_store,
+    .attention = s_attention,
+};
+
+RX_PLUGIN_DEFINE (.kind = RX_KIND_KERNELS, .name = "cpu", .version = S_VERSION,
+                  .description = "CPU kernels: thread pool, AVX2/AVX-512 with scalar fallback",
+                  .keys = s_keys, .ops = &s_ops)

@@ -1,0 +1,1216 @@
+/* tests/unit/test_kernels_cpu.c -- core/quant.c and the CPU kernel backend
+ * (kernels-cpu.so, loaded through the real loader as radixd does).
+ *
+ * Every op is checked against a naive reference written here (double
+ * precision, element-index formulas that share no code with the plugin),
+ * on every SIMD path this CPU has (forced with the plugin's `isa` key), with
+ * awkward shapes: n = 1, rows not a multiple of the thread count, odd block
+ * counts.  quant.c is checked against an independent dequantizer, against
+ * theoretical error bounds, and byte for byte against llama.cpp's own output
+ * (../shared tiny-llama models, quantized by llama.cpp from tiny-llama). */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <radix/kernel.h>
+
+#include "conf.h"
+#include "gguf.h"
+#include "host.h"
+#include "loader.h"
+#include "quant.h"
+#include "../testutil.h"
+
+/* ------------------------------------------------------------------ rng -- */
+
+static uint64_t s_rng = 0x9E3779B97F4A7C15ull;
+
+static uint64_t s_next (void)
+{
+    s_rng ^= s_rng << 13;
+    s_rng ^= s_rng >> 7;
+    s_rng ^= s_rng << 17;
+    return s_rng;
+}
+
+static float s_unif (void) { return (float) ((s_next () >> 11) * (1.0 / 9007199254740992.0)); }
+
+static float s_gauss (void)
+{
+    float u = s_unif (), v = s_unif ();
+    if (u < 1e-12f) u = 1e-12f;
+    return sqrtf (-2.f * logf (u)) * cosf (6.2831853f * v);
+}
+
+static float *s_randv (size_t n, float scale)
+{
+    float *x = malloc (n * sizeof *x);
+    for (size_t i = 0; i < n; i++) x[i] = s_gauss () * scale;
+    return x;
+}
+
+/* ------------------------------------------- independent fp16/dequant -- */
+
+static double t_f16 (uint16_t h)
+{
+    int e = (h >> 10) & 31, m = h & 1023;
+    double v;
+    if (e == 0) v = ldexp (m, -24);
+    else if (e == 31) v = m ? NAN : INFINITY;
+    else v = ldexp (1024 + m, e - 25);
+    return (h & 0x8000) ? -v : v;
+}
+
+static uint16_t t_u16 (const uint8_t *p) { return (uint16_t) (p[0] | (p[1] << 8)); }
+
+/* Element i of a row of dtype t, from the GGML byte layout (offsets, not
+ * structs), in double. */
+static double t_deq (int t, const uint8_t *row, size_t i)
+{
+    switch (t) {
+    case RX_F32: { float f; memcpy (&f, row + 4 * i, 4); return f; }
+    case RX_F16: return t_f16 (t_u16 (row + 2 * i));
+    case RX_BF16: { uint32_t u = (uint32_t) t_u16 (row + 2 * i) << 16; float f; memcpy (&f, &u, 4); return f; }
+    case RX_Q8_0: {
+        const uint8_t *b = row + (i / 32) * 34;
+        return t_f16 (t_u16 (b)) * (int8_t) b[2 + i % 32];
+    }
+    case RX_Q4_0: case RX_Q4_1: {
+        size_t bs = t == RX_Q4_0 ? 18 : 20, e = i % 32;
+        const uint8_t *b = row + (i / 32) * bs;
+        uint8_t byte = b[bs - 16 + e % 16];
+        int nib = e < 16 ? byte & 15 : byte >> 4;
+        if (t == RX_Q4_0) return t_f16 (t_u16 (b)) * (nib - 8);
+        return t_f16 (t_u16 (b)) * nib + t_f16 (t_u16 (b + 2));
+    }
+    case RX_Q4_K: case RX_Q5_K: {
+        size_t bs = t == RX_Q4_K ? 144 : 176, e = i % 256, sub = e / 32;
+        const uint8_t *b = row + (i / 256) * bs, *sc = b + 4;
+        int s, m;
+        if (sub < 4) { s = sc[sub] & 63; m = sc[sub + 4] & 63; }
+        else { s = (sc[sub + 4] & 15) | ((sc[sub - 4] >> 6) << 4); m = (sc[sub + 4] >> 4) | ((sc[sub] >> 6) << 4); }
+        const uint8_t *qs = b + (t == RX_Q4_K ? 16 : 48);
+        uint8_t byte = qs[(e / 64) * 32 + e % 32];
+        int q = sub % 2 == 0 ? byte & 15 : byte >> 4;
+        if (t == RX_Q5_K) q += ((b[16 + e % 32] >> sub) & 1) << 4;
+        return t_f16 (t_u16 (b)) * s * q - t_f16 (t_u16 (b + 2)) * m;
+    }
+    case RX_Q6_K: {
+        size_t e = i % 256, half = e / 128, r = e % 128, quarter = r / 32, l = r % 32;
+        const uint8_t *b = row + (i / 256) * 210;
+        uint8_t lb = b[half * 64 + l + (quarter % 2) * 32];
+        int lo = quarter < 2 ? lb & 15 : lb >> 4;
+        int hi = (b[128 + half * 32 + l] >> (2 * quarter)) & 3;
+        int sc = (int8_t) b[192 + half * 8 + l / 16 + 2 * quarter];
+        return t_f16 (t_u16 (b + 208)) * sc * ((lo | (hi << 4)) - 32);
+    }
+    default:
+        cr_assert_fail ("t_deq: dtype %d", t);
+        return 0;
+    }
+}
+
+/* ------------------------------------------- test-side activation quant -- */
+
+/* GGML's activation Q8 blocks: d = fp16(amax/127), q = round-even(x*127/amax). */
+static void t_q8 (const float *x, size_t in, double *dx, int *qx)
+{
+    for (size_t b = 0; b < in / 32; b++) {
+        float amax = 0;
+        for (int i = 0; i < 32; i++) amax = fmaxf (amax, fabsf (x[b * 32 + i]));
+        float id = amax ? 127.f / amax : 0.f;
+        dx[b] = t_f16 (rx_fp32_to_fp16 (amax / 127.f));
+        for (int i = 0; i < 32; i++) qx[b * 32 + i] = (int) rintf (x[b * 32 + i] * id);
+    }
+}
+
+/* GGML's Q8_K: iscale = -127/max (max: the value of largest magnitude). */
+static void t_q8k (const float *x, size_t in, double *dx, int *qx)
+{
+    for (size_t b = 0; b < in / 256; b++) {
+        float max = 0, amax = 0;
+        for (int i = 0; i < 256; i++)
+            if (fabsf (x[b * 256 + i]) > amax) { amax = fabsf (x[b * 256 + i]); max = x[b * 256 + i]; }
+        if (!amax) {
+            dx[b] = 0;
+            for (int i = 0; i < 256; i++) qx[b * 256 + i] = 0;
+            continue;
+        }
+        float is = -127.f / max;
+        dx[b] = 1 / is;
+        for (int i = 0; i < 256; i++) {
+            int v = (int) rintf (is * x[b * 256 + i]);
+            qx[b * 256 + i] = v > 127 ? 127 : v;
+        }
+    }
+}
+
+/* Largest magnitude a term of element i's formula can have (tolerances). */
+static double t_mag (int t, const uint8_t *row, size_t i)
+{
+    switch (t) {
+    case RX_Q4_K: case RX_Q5_K: {
+        const uint8_t *b = row + (i / 256) * (t == RX_Q4_K ? 144 : 176);
+        return fabs (t_f16 (t_u16 (b))) * 63 * 31 + fabs (t_f16 (t_u16 (b + 2))) * 63;
+    }
+    case RX_Q6_K: return fabs (t_f16 (t_u16 (row + (i / 256) * 210 + 208))) * 128 * 32;
+    default: return fabs (t_deq (t, row, i));
+    }
+}
+
+static int s_is_k (int t) { return t == RX_Q4_K || t == RX_Q5_K || t == RX_Q6_K; }
+static int s_is_q (int t) { return t != RX_F32 && t != RX_F16 && t != RX_BF16; }
+
+/* ----------------------------------------------------- plugin handling -- */
+
+static const struct rx_kernels_ops *K;
+static rx_loader_t *s_loader;
+static rx_plugin_t *s_plugin;
+
+static void s_load (void)
+{
+    struct rx_err err = { 0 };
+    s_loader = rx_loader_new (tu_env ("RX_PLUGIN_BUILD_DIR"), &err);
+    cr_assert_not_null (s_loader, "%s", err.msg);
+    cr_assert_eq (rx_loader_find (s_loader, RX_KIND_KERNELS, "cpu", &s_plugin, &err), RX_OK,
+                  "%s", err.msg);
+    cr_assert_eq (rx_plugin_init (s_plugin, NULL, &err), RX_OK, "%s", err.msg);
+    K = rx_plugin_ops (s_plugin);
+    cr_assert_not_null (K);
+    cr_assert_geq (K->struct_size, RX_KERNELS_OPS_SIZE_1_0);
+}
+
+static void s_unload (void) { rx_loader_destroy (&s_loader); }
+
+TestSuite (quant);
+TestSuite (kcpu, .init = s_load, .fini = s_unload);
+
+/* One host binding per instance (the table must outlive it). */
+#define S_MAX_INST 256
+static struct rx_host_binding s_bind[S_MAX_INST];
+static rx_conf_t *s_confs[S_MAX_INST];
+static int s_ninst;
+
+/* Create an instance with [kernels.cpu] isa = isa; returns NULL and fills
+ * rc if create refused. */
+static void *s_create_rc (const char *isa, int threads, const char *extra, int *rc,
+                          struct rx_err *err)
+{
+    cr_assert_lt (s_ninst, S_MAX_INST);
+    char ini[256];
+    snprintf (ini, sizeof ini, "[kernels.cpu]\nisa = %s\n%s", isa, extra ? extra : "");
+    struct rx_err e = { 0 };
+    rx_conf_t *c = rx_conf_parse_string (ini, strlen (ini), "test.ini", &e);
+    cr_assert_not_null (c, "%s", e.msg);
+    s_confs[s_ninst] = c;
+    struct rx_host_binding *b = &s_bind[s_ninst++];
+    rx_host_bind (b, "kernels-cpu", "kernels.cpu", c, rx_plugin_desc (s_plugin)->keys);
+    struct rx_kernels_params p = { .struct_size = sizeof p, .threads = threads, .device = 0 };
+    void *be = NULL;
+    *rc = K->create (&b->host, &p, &be, err);
+    return be;
+}
+
+static void *s_create_x (const char *isa, int threads, const char *extra)
+{
+    struct rx_err err = { 0 };
+    int rc;
+    void *be = s_create_rc (isa, threads, extra, &rc, &err);
+    cr_assert_eq (rc, RX_OK, "create isa=%s threads=%d: %s", isa, threads, err.msg);
+    return be;
+}
+
+static void *s_create (const char *isa, int threads) { return s_create_x (isa, threads, NULL); }
+
+static const char *const s_isas[] = { "scalar", "avx2", "avx512" };
+
+/* Paths x weight layouts: AVX-512 repacks Q8_0/Q4_0/Q4_1 by default (auto)
+ * and keeps GGML's layout with weights = map. */
+static const struct { const char *isa, *extra; } s_cfgs[] = {
+    { "scalar", NULL }, { "avx2", NULL }, { "avx512", NULL }, { "avx512", "weights = map\n" },
+    { "avx2", "weights = copy\n" },
+};
+#define S_NCFG (sizeof s_cfgs / sizeof s_cfgs[0])
+
+/* Is the ISA usable here?  (A refused path must say ENOTSUP, not crash.) */
+static int s_isa_ok (const char *isa)
+{
+    struct rx_err err = { 0 };
+    int rc;
+    void *be = s_create_rc (isa, 1, NULL, &rc, &err);
+    if (rc == RX_OK) {
+        K->destroy (be);
+        return 1;
+    }
+    cr_assert_eq (rc, RX_ENOTSUP, "isa=%s: %s", isa, err.msg);
+    cr_assert (strstr (err.msg, isa), "%s", err.msg);
+    return 0;
+}
+
+static rx_kweight_t *s_weight (void *be, int dtype, const void *data, uint64_t ne0, uint64_t ne1,
+                               uint64_t ne2)
+{
+    struct rx_weight_view v = { .name = "w", .dtype = dtype, .n_dims = ne2 > 1 ? 3 : 2,
+                                .ne = { ne0, ne1, ne2, 1 }, .data = data,
+                                .nbytes = rx_dtype_row_bytes (dtype, ne0) * ne1 * ne2 };
+    rx_kweight_t *w = NULL;
+    struct rx_err err = { 0 };
+    cr_assert_eq (K->weight_load (be, &v, &w, &err), RX_OK, "%s", err.msg);
+    return w;
+}
+
+/* Random weights of dtype: quantized from Gaussian values with a spread of
+ * row scales (so blocks differ). */
+static uint8_t *s_rand_weights (int dtype, size_t in, size_t rows)
+{
+    size_t rb = rx_dtype_row_bytes (dtype, in);
+    uint8_t *w = malloc (rb * rows);
+    float *x = malloc (in * sizeof *x);
+    for (size_t r = 0; r < rows; r++) {
+        float sc = 0.02f + 0.1f * s_unif ();
+        for (size_t i = 0; i < in; i++) x[i] = s_gauss () * sc + (i % 7 == 0 ? 0.01f : 0.f);
+        cr_assert_eq (rx_quantize_row (dtype, x, w + r * rb, in), rb);
+    }
+    free (x);
+    return w;
+}
+
+/* ========================================================= quant tests -- */
+
+Test (quant, fp16_exhaustive_roundtrip_and_rounding)
+{
+    for (uint32_t h = 0; h < 65536; h++) {
+        double ref = t_f16 ((uint16_t) h);
+        float f = rx_fp16_to_fp32 ((uint16_t) h);
+        if (isnan (ref)) {
+            cr_assert (isnan (f), "h=0x%04x", h);
+            cr_assert (isnan (rx_fp16_to_fp32 (rx_fp32_to_fp16 (f))));
+            continue;
+        }
+        cr_assert_eq ((double) f, ref, "h=0x%04x: %g vs %g", h, (double) f, ref);
+        cr_assert_eq (rx_fp32_to_fp16 (f), h, "roundtrip 0x%04x", h);
+    }
+    /* Nearest, ties to even, against a brute-force search. */
+    for (int i = 0; i < 200000; i++) {
+        float f = ldexpf (s_unif () * 2 - 1, (int) (s_next () % 44) - 28);
+        uint16_t h = rx_fp32_to_fp16 (f);
+        double best = INFINITY;
+        for (int d = -1; d <= 1; d++) {
+            uint16_t c = (uint16_t) (h + d);
+            if ((c & 0x7c00) == 0x7c00 || ((c ^ h) & 0x8000)) continue;
+            best = fmin (best, fabs (t_f16 (c) - f));
+        }
+        cr_assert_leq (fabs (t_f16 (h) - f), best, "f=%a h=0x%04x", (double) f, h);
+    }
+    cr_assert_eq (rx_fp32_to_fp16 (1.0f + 0x1p-11f), 0x3c00);          /* tie -> even */
+    cr_assert_eq (rx_fp32_to_fp16 (1.0f + 3 * 0x1p-11f), 0x3c02);      /* tie -> even (up) */
+    cr_assert_eq (rx_fp32_to_fp16 (65504.f), 0x7bff);
+    cr_assert_eq (rx_fp32_to_fp16 (65519.f), 0x7bff);
+    cr_assert_eq (rx_fp32_to_fp16 (65520.f), 0x7c00);                  /* rounds to inf */
+    cr_assert_eq (rx_fp32_to_fp16 (-INFINITY), 0xfc00);
+    cr_assert_eq (rx_fp32_to_fp16 (0x1p-24f), 0x0001);
+    cr_assert_eq (rx_fp32_to_fp16 (0x1p-25f), 0x0000);                 /* tie -> even (0) */
+    cr_assert_eq (rx_fp32_to_fp16 (3 * 0x1p-26f), 0x0001);
+    cr_assert_eq (rx_fp32_to_fp16 (-0.0f), 0x8000);
+    cr_assert_eq (rx_fp32_to_fp16 (NAN) & 0x7e00, 0x7e00);
+}
+
+Test (quant, bf16)
+{
+    cr_assert_eq (rx_fp32_to_bf16 (1.0f), 0x3f80);
+    cr_assert_eq (rx_fp32_to_bf16 (1.0f + 0x1p-8f), 0x3f80);           /* tie -> even */
+    cr_assert_eq (rx_fp32_to_bf16 (1.0f + 3 * 0x1p-8f), 0x3f82);
+    cr_assert_eq (rx_fp32_to_bf16 (-2.5f), 0xc020);
+    cr_assert (isnan (rx_bf16_to_fp32 (rx_fp32_to_bf16 (NAN))));
+    cr_assert_eq (rx_bf16_to_fp32 (0x4049), 3.140625f);
+    for (int i = 0; i < 10000; i++) {
+        float f = s_gauss () * 100;
+        float g = rx_bf16_to_fp32 (rx_fp32_to_bf16 (f));
+        cr_assert_leq (fabsf (g - f), fabsf (f) * 0x1p-8f, "%g -> %g", (double) f, (double) g);
+    }
+}
+
+Test (quant, api_errors)
+{
+    float x[512] = { 0 }, y[512];
+    uint8_t buf[1024];
+    cr_assert_eq (rx_quantize_row (RX_Q8_0, x, buf, 33), 0);   /* not a multiple of 32 */
+    cr_assert_eq (rx_quantize_row (RX_Q4_K, x, buf, 32), 0);
+    cr_assert_eq (rx_quantize_row (RX_Q5_0, x, buf, 32), 0);   /* unsupported */
+    cr_assert_eq (rx_quantize_row (RX_Q8_0, NULL, buf, 32), 0);
+    cr_assert_eq (rx_quantize_row (RX_Q8_0, x, buf, 0), 0);
+    cr_assert_eq (rx_quantize_row (77, x, buf, 32), 0);
+    cr_assert_eq (rx_dequantize_row (RX_Q8_0, buf, y, 31), RX_EINVAL);
+    cr_assert_eq (rx_dequantize_row (RX_Q2_K, buf, y, 256), RX_EINVAL);
+    cr_assert_eq (rx_dequantize_row (RX_Q8_0, NULL, y, 32), RX_EINVAL);
+    cr_assert_eq (rx_quant_supported (RX_Q6_K), 1);
+    cr_assert_eq (rx_quant_supported (RX_Q3_K), 0);
+    cr_assert_eq (rx_quantize_row (RX_Q6_K, x, buf, 256), 210);
+    cr_assert_eq (rx_quantize_row (RX_Q8_K, x, buf, 256), 292);
+}
+
+static const int s_wtypes[] = { RX_F32, RX_F16, RX_BF16, RX_Q8_0, RX_Q4_0, RX_Q4_1,
+                                RX_Q4_K, RX_Q5_K, RX_Q6_K };
+#define S_NW (sizeof s_wtypes / sizeof s_wtypes[0])
+
+/* Dequantize agrees with the independent decoder, on quantized data and on
+ * random bytes (every bit pattern of quants and packed scales). */
+Test (quant, dequant_matches_independent_decoder)
+{
+    const size_t n = 512;
+    for (size_t ti = 0; ti < S_NW; ti++) {
+        int t = s_wtypes[ti];
+        size_t rb = rx_dtype_row_bytes (t, n);
+        uint8_t *blk = malloc (rb);
+        float *y = malloc (n * sizeof *y);
+        for (int rep = 0; rep < 2; rep++) {
+            if (rep == 0) {
+                float *x = s_randv (n, 1.f);
+                rx_quantize_row (t, x, blk, n);
+                free (x);
+            } else {
+                for (size_t i = 0; i < rb; i++) blk[i] = (uint8_t) s_next ();
+                /* keep fp16 scales finite and moderate */
+                size_t bs = rx_dtype_bytes (t), nb = rb / bs;
+                for (size_t b = 0; b < nb && s_is_q (t); b++) {
+                    uint8_t *p = blk + b * bs;
+                    size_t offs[2] = { 0, 2 };
+                    size_t cnt = (t == RX_Q4_1 || t == RX_Q4_K || t == RX_Q5_K) ? 2 : 1;
+                    if (t == RX_Q6_K) offs[0] = 208;
+                    for (size_t k = 0; k < cnt; k++) {
+                        uint16_t h = rx_fp32_to_fp16 (s_gauss ());
+                        p[offs[k]] = (uint8_t) h;
+                        p[offs[k] + 1] = (uint8_t) (h >> 8);
+                    }
+                }
+                if (!s_is_q (t)) {   /* finite floats */
+                    float *x = s_randv (n, 3.f);
+                    rx_quantize_row (t, x, blk, n);
+                    free (x);
+                }
+            }
+            cr_assert_eq (rx_dequantize_row (t, blk, y, n), RX_OK);
+            for (size_t i = 0; i < n; i++) {
+                double r = t_deq (t, blk, i);
+                cr_assert_leq (fabs (y[i] - r), 1e-6 * t_mag (t, blk, i) + 1e-30,
+                               "%s rep %d element %zu: %g vs %g", rx_dtype_name (t), rep, i,
+                               (double) y[i], r);
+            }
+        }
+        free (blk);
+        free (y);
+    }
+}
+
+/* Round-trip error: per-element bounds where the format fixes them (half a
+ * step), relative RMS bounds for the K-quants. */
+Test (quant, roundtrip_error_bounds)
+{
+    const size_t n = 256 * 16;
+    float *x = s_randv (n, 1.f);
+    float *y = malloc (n * sizeof *y);
+    uint8_t *q = malloc (rx_dtype_row_bytes (RX_F32, n));
+    struct { int t; double rms; } k[] = {
+        { RX_Q4_K, 0.10 }, { RX_Q5_K, 0.05 }, { RX_Q6_K, 0.025 }, { RX_Q8_K, 0.01 },
+    };
+    for (size_t ti = 0; ti < S_NW; ti++) {
+        int t = s_wtypes[ti];
+        cr_assert_eq (rx_quantize_row (t, x, q, n), rx_dtype_row_bytes (t, n));
+        cr_assert_eq (rx_dequantize_row (t, q, y, n), RX_OK);
+        for (size_t b = 0; b < n / 32; b++) {
+            float amax = 0, mn = INFINITY, mx = -INFINITY;
+            for (int i = 0; i < 32; i++) {
+                float v = x[b * 32 + i];
+                amax = fmaxf (amax, fabsf (v));
+                mn = fminf (mn, v);
+                mx = fmaxf (mx, v);
+            }
+            double bound;
+            switch (t) {
+            case RX_F32: bound = 0; break;
+            case RX_F16: bound = amax * 0x1p-11; break;
+            case RX_BF16: bound = amax * 0x1p-8; break;
+            case RX_Q8_0: bound = amax / 127 * 0.5 * 1.002 + amax * 1e-3; break;
+            case RX_Q4_0: bound = amax / 8 * 1.01 + amax * 2e-3; break;   /* -max clamps to 7d */
+            case RX_Q4_1: bound = (mx - mn) / 15 * 0.5 * 1.01 + (mx - mn) * 2e-3; break;
+            default: bound = INFINITY;
+            }
+            for (int i = 0; i < 32; i++)
+                cr_assert_leq (fabs ((double) y[b * 32 + i] - x[b * 32 + i]), bound,
+                               "%s block %zu elem %d", rx_dtype_name (t), b, i);
+        }
+    }
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
+        cr_assert_eq (rx_quantize_row (k[i].t, x, q, n), rx_dtype_row_bytes (k[i].t, n));
+        cr_assert_eq (rx_dequantize_row (k[i].t, q, y, n), RX_OK);
+        double se = 0, sx = 0;
+        for (size_t j = 0; j < n; j++) {
+            se += (y[j] - x[j]) * (double) (y[j] - x[j]);
+            sx += x[j] * (double) x[j];
+        }
+        cr_assert_lt (sqrt (se / sx), k[i].rms, "%s relative rms %g", rx_dtype_name (k[i].t),
+                      sqrt (se / sx));
+    }
+    /* An all-zero row stays zero (no NaN from 0/0). */
+    memset (x, 0, 256 * sizeof *x);
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
+        rx_quantize_row (k[i].t, x, q, 256);
+        rx_dequantize_row (k[i].t, q, y, 256);
+        for (int j = 0; j < 256; j++) cr_assert_eq (y[j], 0.f);
+    }
+    free (x);
+    free (y);
+    free (q);
+}
+
+/* rx_quantize_row reproduces llama.cpp's reference quantizer byte for byte:
+ * tiny-llama-q8/q4 were made by llama.cpp from tiny-llama's weights. */
+static void s_check_file_quant (const char *qname, int qtype)
+{
+    struct rx_err err = { 0 };
+    char *bp = tu_path (tu_env ("RADIX_SHARED"), "data/models/tiny-llama.gguf");
+    char *qp = tu_path (tu_env ("RADIX_SHARED"), qname);
+    rx_gguf_t *base = rx_gguf_open (bp, &err);
+    cr_assert_not_null (base, "%s", err.msg);
+    rx_gguf_t *quant = rx_gguf_open (qp, &err);
+    cr_assert_not_null (quant, "%s", err.msg);
+    int checked = 0;
+    for (size_t i = 0; i < rx_gguf_tensor_count (quant); i++) {
+        const struct rx_gguf_tensor *tq = rx_gguf_tensor (quant, i);
+        if (tq->type != qtype) continue;
+        const struct rx_gguf_tensor *tb = rx_gguf_find_tensor (base, tq->name);
+        cr_assert_not_null (tb, "%s", tq->name);
+        cr_assert (tb->type == RX_F32 || tb->type == RX_F16);
+        size_t in = (size_t) tb->ne[0], rows = (size_t) (tb->n_elements / in);
+        size_t rb = rx_dtype_row_bytes (qtype, in);
+        float *x = malloc (in * sizeof *x);
+        uint8_t *q = malloc (rb);
+        for (size_t r = 0; r < rows; r++) {
+            const uint8_t *src = (const uint8_t *) tb->data + r * rx_dtype_row_bytes (tb->type, in);
+            cr_assert_eq (rx_dequantize_row (tb->type, src, x, in), RX_OK);
+            cr_assert_eq (rx_quantize_row (qtype, x, q, in), rb);
+            cr_assert (memcmp (q, (const uint8_t *) tq->data + r * rb, rb) == 0,
+                       "%s %s row %zu differs from llama.cpp", qname, tq->name, r);
+        }
+        free (x);
+        free (q);
+        checked++;
+    }
+    cr_assert_geq (checked, 2, "%s: only %d %s tensors", qname, checked, rx_dtype_name (qtype));
+    rx_gguf_close (&base);
+    rx_gguf_close (&quant);
+    free (bp);
+    free (qp);
+}
+
+Test (quant, q8_0_matches_llama_cpp_file) { s_check_file_quant ("data/models/tiny-llama-q8.gguf", RX_Q8_0); }
+Test (quant, q4_0_matches_llama_cpp_file) { s_check_file_quant ("data/models/tiny-llama-q4.gguf", RX_Q4_0); }
+
+/* ===================================================== backend basics -- */
+
+Test (kcpu, info_memory_streams_graphs)
+{
+    void *be = s_create ("auto", 2);
+    struct rx_kernels_info info;
+    memset (&info, 0, sizeof info);
+    info.struct_size = sizeof info;
+    cr_assert_eq (K->info (be, &info), RX_OK);
+    cr_assert_str_eq (info.name, "cpu");
+    cr_assert (info.caps & RX_KCAP_HOST_VISIBLE);
+    cr_assert_eq (info.caps & (RX_KCAP_GRAPHS | RX_KCAP_ASYNC), 0);
+    cr_assert_eq (info.threads, 2);
+    cr_assert_gt (info.mem_bytes, 0);
+    cr_assert (strstr (info.device, "2 threads"), "%s", info.device);
+
+    struct rx_err err = { 0 };
+    void *d = NULL, *d2 = NULL;
+    cr_assert_eq (K->alloc (be, 1000, 0, &d, &err), RX_OK);
+    cr_assert_eq ((uintptr_t) d % 64, 0);
+    cr_assert_eq (K->alloc (be, 100, 4096, &d2, &err), RX_OK);
+    cr_assert_eq ((uintptr_t) d2 % 4096, 0);
+    cr_assert_eq (K->alloc (be, 100, 48, &d2, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "power of two"), "%s", err.msg);
+    rx_kstream_t *s = NULL;
+    cr_assert_eq (K->stream_create (be, &s, &err), RX_OK);
+    char host[1000], back[1000];
+    for (int i = 0; i < 1000; i++) host[i] = (char) i;
+    cr_assert_eq (K->copy_h2d (be, s, d, host, 1000, &err), RX_OK);
+    cr_assert_eq (K->memset_ (be, s, (char *) d + 10, 7, 5, &err), RX_OK);
+    cr_assert_eq (K->copy_d2d (be, s, (char *) d + 500, d, 100, &err), RX_OK);
+    cr_assert_eq (K->copy_d2h (be, s, back, d, 1000, &err), RX_OK);
+    cr_assert_eq (K->synchronize (be, s, &err), RX_OK);
+    for (int i = 0; i < 1000; i++) {
+        char want = (i >= 10 && i < 15) ? 7 : (i >= 500 && i < 600) ? (i - 500 >= 10 && i - 500 < 15 ? 7 : (char) (i - 500)) : (char) i;
+        cr_assert_eq (back[i], want, "byte %d", i);
+    }
+    cr_assert_eq (K->copy_h2d (be, s, NULL, host, 4, &err), RX_EINVAL);
+    rx_kstream_t *bogus = (rx_kstream_t *) host;
+    memset (host, 0, 16);
+    cr_assert_eq (K->synchronize (be, bogus, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "stream"), "%s", err.msg);
+
+    /* Graph hooks: RX_ENOTSUP means "run eagerly". */
+    cr_assert_eq (K->graph_begin (be, s, 42, &err), RX_ENOTSUP);
+    cr_assert (strstr (err.msg, "eagerly"), "%s", err.msg);
+    cr_assert_eq (K->graph_end (be, s, 42, &err), RX_ENOTSUP);
+    cr_assert_eq (K->graph_launch (be, s, 42, &err), RX_ENOTSUP);
+    cr_assert_eq (K->graph_has (be, 42), 0);
+    K->stream_destroy (be, s);
+    K->free_ (be, d);
+    K->free_ (be, host + 64);   /* foreign pointer: logged, ignored */
+    K->free_ (be, NULL);
+    /* d2 and a weight left allocated on purpose: destroy frees them. */
+    float w[64] = { 0 };
+    s_weight (be, RX_F32, w, 32, 2, 1);
+    K->destroy (be);
+    K->destroy (NULL);
+}
+
+Test (kcpu, create_errors)
+{
+    struct rx_err err = { 0 };
+    int rc;
+    void *be = s_create_rc ("avx9", 1, NULL, &rc, &err);
+    cr_assert_null (be);
+    cr_assert_neq (rc, RX_OK);
+    cr_assert (strstr (err.msg, "isa"), "%s", err.msg);
+    be = s_create_rc ("auto", 1, "weights = shared\n", &rc, &err);
+    cr_assert_null (be);
+    cr_assert_eq (rc, RX_ECONFIG, "%s", err.msg);
+    cr_assert (strstr (err.msg, "weights"), "%s", err.msg);
+    struct rx_kernels_params p = { .struct_size = sizeof p, .threads = -1 };
+    cr_assert_eq (K->create (NULL, &p, &be, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "threads"), "%s", err.msg);
+    p.threads = 1;
+    p.device = 3;
+    cr_assert_eq (K->create (NULL, &p, &be, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "device"), "%s", err.msg);
+    /* NULL host and params: defaults (all cores, auto isa). */
+    cr_assert_eq (K->create (NULL, NULL, &be, &err), RX_OK, "%s", err.msg);
+    K->destroy (be);
+    for (size_t i = 0; i < 3; i++) s_isa_ok (s_isas[i]);
+}
+
+Test (kcpu, weight_load_errors)
+{
+    void *be = s_create ("auto", 1);
+    struct rx_err err = { 0 };
+    uint8_t buf[4096] = { 0 };
+    rx_kweight_t *w = NULL;
+    struct rx_weight_view v = { .name = "blk.0.x", .dtype = RX_Q8_0, .n_dims = 2,
+                                .ne = { 64, 4, 1, 1 }, .data = buf, .nbytes = 4 * 68 };
+    cr_assert_eq (K->weight_load (be, &v, &w, &err), RX_OK, "%s", err.msg);
+    K->weight_free (be, w);
+    v.nbytes = 4 * 68 - 1;
+    cr_assert_eq (K->weight_load (be, &v, &w, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "blk.0.x") && strstr (err.msg, "bytes"), "%s", err.msg);
+    v.nbytes = 4 * 68;
+    v.ne[0] = 48;
+    cr_assert_eq (K->weight_load (be, &v, &w, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "multiple"), "%s", err.msg);
+    v.ne[0] = 64;
+    v.dtype = RX_Q5_0;
+    cr_assert_eq (K->weight_load (be, &v, &w, &err), RX_ENOTSUP);
+    cr_assert (strstr (err.msg, "q5_0"), "%s", err.msg);
+    v.dtype = RX_Q8_0;
+    v.data = NULL;
+    cr_assert_eq (K->weight_load (be, &v, &w, &err), RX_EINVAL);
+    v.data = buf;
+    v.n_dims = 5;
+    cr_assert_eq (K->weight_load (be, &v, &w, &err), RX_EINVAL);
+    v.n_dims = 2;
+    v.ne[2] = 2;   /* beyond n_dims must be 1 */
+    cr_assert_eq (K->weight_load (be, &v, &w, &err), RX_EINVAL);
+    /* weight_data: plain types only */
+    float f[32] = { 1 };
+    rx_kweight_t *wf = s_weight (be, RX_F32, f, 32, 1, 1);
+    const void *dp = NULL;
+    cr_assert_eq (K->weight_data (be, wf, &dp, &err), RX_OK);
+    cr_assert_eq (((const float *) dp)[0], 1.f);
+    v.ne[2] = 1;
+    v.data = buf;
+    rx_kweight_t *wq = NULL;
+    cr_assert_eq (K->weight_load (be, &v, &wq, &err), RX_OK);
+    cr_assert_eq (K->weight_data (be, wq, &dp, &err), RX_ENOTSUP);
+    K->weight_free (be, wq);
+    K->weight_free (be, (rx_kweight_t *) buf);   /* not a weight: logged, ignored */
+    K->destroy (be);
+}
+
+/* ============================================================ matmul -- */
+
+/* Reference Y[t][r] for one (expert) matrix: exact-integer form (quantized
+ * activations, as llama.cpp) and plain float form; mag = sum |terms|. */
+static void s_ref_matmul (int dtype, const uint8_t *w, size_t in, size_t out, const float *x,
+                          size_t ldx, size_t n, double *yq, double *yf, double *mag, double *rms)
+{
+    size_t rb = rx_dtype_row_bytes (dtype, in);
+    double *dx = malloc ((in / 32 + 1) * sizeof *dx);
+    int *qx = malloc (in * sizeof *qx);
+    double *wd = malloc (in * sizeof *wd);
+    for (size_t t = 0; t < n; t++) {
+        const float *xt = x + t * ldx;
+        if (s_is_k (dtype)) t_q8k (xt, in, dx, qx);
+        else if (s_is_q (dtype)) t_q8 (xt, in, dx, qx);
+        for (size_t r = 0; r < out; r++) {
+            for (size_t i = 0; i < in; i++) wd[i] = t_deq (dtype, w + r * rb, i);
+            double sq = 0, sf = 0, m = 0, m2 = 0;
+            for (size_t i = 0; i < in; i++) {
+                sf += wd[i] * xt[i];
+                m2 += wd[i] * xt[i] * wd[i] * xt[i];
+                if (s_is_q (dtype)) {
+                    double term = wd[i] * qx[i] * dx[i / (s_is_k (dtype) ? 256 : 32)];
+                    sq += term;
+                    m += fabs (term);
+                } else {
+                    m += fabs (wd[i] * xt[i]);
+                }
+            }
+            yq[t * out + r] = s_is_q (dtype) ? sq : sf;
+            yf[t * out + r] = sf;
+            rms[t * out + r] = sqrt (m2);
+            mag[t * out + r] = m;
+        }
+    }
+    free (dx);
+    free (qx);
+    free (wd);
+}
+
+struct s_shape { size_t in, out, n; };
+
+static void s_check_matmul (void *be, const char *tag, int dtype, const struct s_shape *sh,
+                            int n_expert, int accumulate)
+{
+    const size_t in = sh->in, out = sh->out, n = sh->n;
+    const size_t ldx = in + 3, ldy = out + 5;
+    uint8_t *w = s_rand_weights (dtype, in, out * (size_t) n_expert);
+    rx_kweight_t *kw = s_weight (be, dtype, w, in, out, (uint64_t) n_expert);
+    float *x = s_randv (n * ldx, 1.f);
+    float *y = malloc (n * ldy * sizeof *y);
+    double *yq = malloc (n * out * sizeof *yq), *yf = malloc (n * out * sizeof *yf);
+    double *mag = malloc (n * out * sizeof *mag), *rms = malloc (n * out * sizeof *rms);
+    for (int e = 0; e < n_expert; e++) {
+        const int expert = n_expert > 1 ? e : -1;
+        for (size_t i = 0; i < n * ldy; i++) y[i] = accumulate ? (float) (i % 13) - 6.f : NAN;
+        struct rx_err err = { 0 };
+        cr_assert_eq (K->matmul (be, NULL, kw, expert, x, ldx, y, ldy, n,
+                                 accumulate ? RX_MM_ACCUMULATE : 0, &err), RX_OK, "%s", err.msg);
+        const uint8_t *we = w + (size_t) e * out * rx_dtype_row_bytes (dtype, in);
+        s_ref_matmul (dtype, we, in, out, x, ldx, n, yq, yf, mag, rms);
+        for (size_t t = 0; t < n; t++) {
+            for (size_t r = 0; r < out; r++) {
+                double base = accumulate ? (double) ((t * ldy + r) % 13) - 6.0 : 0.0;
+                double got = y[t * ldy + r] - base;
+                double tol = 2e-6 * mag[t * out + r] + 1e-6;
+                if (dtype == RX_F16 || dtype == RX_BF16 || dtype == RX_F32) tol = 1e-5 * mag[t * out + r] + 1e-6;
+                cr_assert_leq (fabs (got - yq[t * out + r]), tol,
+                               "%s %s in=%zu out=%zu n=%zu expert=%d: y[%zu][%zu] = %.7g, ref %.7g",
+                               tag, rx_dtype_name (dtype), in, out, n, expert, t, r, got,
+                               yq[t * out + r]);
+                /* Loosely: the float product with dequantized weights (the
+                 * activation quantization error is well under 5% of the
+                 * root-sum-square of the terms). */
+                cr_assert_leq (fabs (got - yf[t * out + r]), 0.05 * rms[t * out + r] + 1e-6,
+                               "%s %s: y[%zu][%zu] = %g, float product %g", tag,
+                               rx_dtype_name (dtype), t, r, got, yf[t * out + r]);
+            }
+            /* padding between rows is untouched */
+            for (size_t r = out; r < ldy && t + 1 < n; r++)
+                cr_assert (accumulate ? y[t * ldy + r] == (float) ((t * ldy + r) % 13) - 6.f
+                                      : isnan (y[t * ldy + r]), "%s wrote past out", tag);
+        }
+    }
+    K->weight_free (be, kw);
+    free (w);
+    free (x);
+    free (y);
+    free (yq);
+    free (yf);
+    free (mag);
+    free (rms);
+}
+
+Test (kcpu, matmul_every_dtype_every_isa, .timeout = 300)
+{
+    static const struct s_shape s32[] = {
+        { 32, 1, 1 }, { 96, 5, 1 }, { 224, 17, 3 }, { 64, 70, 5 }, { 160, 33, 9 },
+        { 960, 19, 2 }, { 1600, 6, 1 },   /* 30 and 50 blocks: groups of 16 plus a tail */
+    };
+    static const struct s_shape s256[] = { { 256, 3, 1 }, { 512, 21, 4 }, { 768, 9, 6 } };
+    static const struct s_shape sf[] = {
+        { 5, 3, 1 }, { 17, 9, 2 }, { 33, 20, 5 }, { 64, 37, 1 }, { 100, 8, 7 },
+    };
+    int threads[] = { 1, 2, 3 };
+    for (size_t ii = 0; ii < S_NCFG; ii++) {
+        if (!s_isa_ok (s_cfgs[ii].isa)) continue;
+        for (size_t th = 0; th < 3; th++) {
+            void *be = s_create_x (s_cfgs[ii].isa, threads[th], s_cfgs[ii].extra);
+            char tag[96];
+            snprintf (tag, sizeof tag, "isa=%s %s threads=%d", s_cfgs[ii].isa,
+                      s_cfgs[ii].extra ? s_cfgs[ii].extra : "", threads[th]);
+            for (size_t ti = 0; ti < S_NW; ti++) {
+                int t = s_wtypes[ti];
+                const struct s_shape *sh = s_is_k (t) ? s256 : s_is_q (t) ? s32 : sf;
+                size_t ns = s_is_k (t) ? 3 : s_is_q (t) ? 7 : 5;
+                for (size_t si = 0; si < ns; si++)
+                    s_check_matmul (be, tag, t, &sh[si], 1, (int) (si % 2));
+                s_check_matmul (be, tag, t, &sh[1], 3, 0);   /* 3-D expert weights */
+            }
+            K->destroy (be);
+        }
+    }
+}
+
+/* The SIMD paths agree with the scalar path closely on a decode-sized case. */
+Test (kcpu, matmul_paths_agree, .timeout = 120)
+{
+    const size_t in = 1024, out = 77;
+    float *x = s_randv (in * 4, 1.f);
+    for (size_t ti = 0; ti < S_NW; ti++) {
+        int t = s_wtypes[ti];
+        uint8_t *w = s_rand_weights (t, in, out);
+        float ys[4 * 77], yv[4 * 77];
+        void *sc = s_create ("scalar", 1);
+        rx_kweight_t *ws = s_weight (sc, t, w, in, out, 1);
+        cr_assert_eq (K->matmul (sc, NULL, ws, -1, x, in, ys, out, 4, 0, NULL), RX_OK);
+        for (size_t ii = 1; ii < S_NCFG; ii++) {
+            if (!s_isa_ok (s_cfgs[ii].isa)) continue;
+            void *be = s_create_x (s_cfgs[ii].isa, 2, s_cfgs[ii].extra);
+            rx_kweight_t *wv = s_weight (be, t, w, in, out, 1);
+            cr_assert_eq (K->matmul (be, NULL, wv, -1, x, in, yv, out, 4, 0, NULL), RX_OK);
+            for (size_t i = 0; i < 4 * out; i++)
+                cr_assert_leq (fabsf (yv[i] - ys[i]), 2e-5f * (fabsf (ys[i]) + 1.f),
+                               "%s %s %s [%zu]: %g vs scalar %g", s_cfgs[ii].isa,
+                               s_cfgs[ii].extra ? s_cfgs[ii].extra : "", rx_dtype_name (t), i,
+                               (double) yv[i], (double) ys[i]);
+            K->destroy (be);
+        }
+        K->destroy (sc);
+        free (w);
+    }
+    free (x);
+}
+
+Test (kcpu, matmul_errors)
+{
+    void *be = s_create ("auto", 2);
+    struct rx_err err = { 0 };
+    uint8_t *w = s_rand_weights (RX_Q8_0, 64, 8 * 2);
+    rx_kweight_t *w2 = s_weight (be, RX_Q8_0, w, 64, 8, 1);
+    rx_kweight_t *w3 = s_weight (be, RX_Q8_0, w, 64, 8, 2);
+    float x[2 * 64] = { 0 }, y[2 * 8];
+    cr_assert_eq (K->matmul (be, NULL, w2, -1, x, 63, y, 8, 2, 0, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "ldx"), "%s", err.msg);
+    cr_assert_eq (K->matmul (be, NULL, w2, -1, x, 64, y, 7, 2, 0, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "ldy"), "%s", err.msg);
+    cr_assert_eq (K->matmul (be, NULL, w2, 1, x, 64, y, 8, 1, 0, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "expert"), "%s", err.msg);
+    cr_assert_eq (K->matmul (be, NULL, w3, 2, x, 64, y, 8, 1, 0, &err), RX_EINVAL);
+    cr_assert_eq (K->matmul (be, NULL, w3, -1, x, 64, y, 8, 1, 0, &err), RX_EINVAL);
+    cr_assert_eq (K->matmul (be, NULL, w2, -1, NULL, 64, y, 8, 1, 0, &err), RX_EINVAL);
+    cr_assert_eq (K->matmul (be, NULL, w2, -1, x, 64, y, 8, 1, 0x80, &err), RX_EINVAL);
+    cr_assert_eq (K->matmul (be, NULL, (rx_kweight_t *) x, -1, x, 64, y, 8, 1, 0, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "weight"), "%s", err.msg);
+    cr_assert_eq (K->matmul (be, NULL, w2, -1, x, 64, y, 8, 0, 0, &err), RX_OK);   /* n = 0 */
+    float one[32] = { 0 };
+    rx_kweight_t *w1 = NULL;
+    struct rx_weight_view v = { .dtype = RX_F32, .n_dims = 1, .ne = { 32, 1, 1, 1 },
+                                .data = one, .nbytes = sizeof one };
+    cr_assert_eq (K->weight_load (be, &v, &w1, &err), RX_OK);
+    cr_assert_eq (K->matmul (be, NULL, w1, -1, x, 64, y, 8, 1, 0, &err), RX_EINVAL);   /* 1-D */
+    K->destroy (be);
+    free (w);
+}
+
+/* ======================================================== row ops -- */
+
+Test (kcpu, get_rows_every_dtype)
+{
+    const size_t rows = 9;
+    int32_t ids[5] = { 8, 0, 3, 3, 7 };
+    for (size_t ii = 0; ii < S_NCFG; ii++) {
+        if (!s_isa_ok (s_cfgs[ii].isa)) continue;
+        void *be = s_create_x (s_cfgs[ii].isa, 2, s_cfgs[ii].extra);
+        for (size_t ti = 0; ti < S_NW; ti++) {
+            int t = s_wtypes[ti];
+            const size_t in = s_is_k (t) ? 512 : 480;   /* 480: 15 blocks, a partial group */
+            uint8_t *w = s_rand_weights (t, in, rows);
+            rx_kweight_t *kw = s_weight (be, t, w, in, rows, 1);
+            float out[5 * 520];
+            struct rx_err err = { 0 };
+            cr_assert_eq (K->get_rows (be, NULL, kw, ids, 5, out, 520, &err), RX_OK, "%s", err.msg);
+            size_t rb = rx_dtype_row_bytes (t, in);
+            for (int r = 0; r < 5; r++)
+                for (size_t i = 0; i < in; i++) {
+                    double ref = t_deq (t, w + (size_t) ids[r] * rb, i);
+                    cr_assert_leq (fabs (out[r * 520 + i] - ref), 1e-6 * t_mag (t, w + (size_t) ids[r] * rb, i) + 1e-30,
+                                   "%s row %d [%zu]", rx_dtype_name (t), r, i);
+                }
+            int32_t bad = 9;
+            cr_assert_eq (K->get_rows (be, NULL, kw, &bad, 1, out, 520, &err), RX_EINVAL);
+            cr_assert (strstr (err.msg, "id 9"), "%s", err.msg);
+            K->weight_free (be, kw);
+            free (w);
+        }
+        K->destroy (be);
+    }
+}
+
+Test (kcpu, rms_norm_swiglu_elementwise_softmax)
+{
+    static const size_t dims[] = { 1, 7, 64, 960, 4099 };
+    static const size_t rowss[] = { 1, 3, 33 };
+    for (size_t ii = 0; ii < 3; ii++) {
+        if (!s_isa_ok (s_isas[ii])) continue;
+        void *be = s_create (s_isas[ii], 2);
+        for (size_t di = 0; di < 5; di++)
+            for (size_t ri = 0; ri < 3; ri++) {
+                const size_t dim = dims[di], rows = rowss[ri], ld = dim + 2;
+                float *a = s_randv (rows * ld, 2.f), *b = s_randv (rows * ld, 1.f);
+                float *wn = s_randv (dim, 1.f), *y = malloc (rows * ld * sizeof *y);
+                struct rx_err err = { 0 };
+                /* rms_norm with and without weight */
+                for (int with_w = 0; with_w < 2; with_w++) {
+                    cr_assert_eq (K->rms_norm (be, NULL, a, ld, with_w ? wn : NULL, y, ld, rows, dim,
+                                               1e-5f, &err), RX_OK, "%s", err.msg);
+                    for (size_t r = 0; r < rows; r++) {
+                        double ss = 0;
+                        for (size_t i = 0; i < dim; i++) ss += (double) a[r * ld + i] * a[r * ld + i];
+                        double sc = 1.0 / sqrt (ss / dim + 1e-5);
+                        for (size_t i = 0; i < dim; i++) {
+                            double ref = a[r * ld + i] * sc * (with_w ? wn[i] : 1.0);
+                            cr_assert_leq (fabs (y[r * ld + i] - ref), 1e-5 * fabs (ref) + 1e-6,
+                                           "rms_norm dim %zu row %zu [%zu]", dim, r, i);
+                        }
+                    }
+                }
+                /* swiglu */
+                cr_assert_eq (K->swiglu (be, NULL, a, ld, b, ld, y, ld, rows, dim, &err), RX_OK);
+                for (size_t r = 0; r < rows; r++)
+                    for (size_t i = 0; i < dim; i++) {
+                        double g = a[r * ld + i], ref = g / (1 + exp (-g)) * b[r * ld + i];
+                        cr_assert_leq (fabs (y[r * ld + i] - ref), 1e-5 * fabs (ref) + 1e-6, "swiglu");
+                    }
+                /* add / mul with a broadcast row (ldb = 0) and full */
+                for (int bc = 0; bc < 2; bc++) {
+                    size_t ldb = bc ? 0 : ld;
+                    cr_assert_eq (K->add (be, NULL, a, ld, b, ldb, y, ld, rows, dim, &err), RX_OK);
+                    for (size_t r = 0; r < rows; r++)
+                        for (size_t i = 0; i < dim; i++)
+                            cr_assert_eq (y[r * ld + i], a[r * ld + i] + b[r * ldb + i], "add");
+                    cr_assert_eq (K->mul (be, NULL, a, ld, b, ldb, y, ld, rows, dim, &err), RX_OK);
+                    for (size_t r = 0; r < rows; r++)
+                        for (size_t i = 0; i < dim; i++)
+                            cr_assert_eq (y[r * ld + i], a[r * ld + i] * b[r * ldb + i], "mul");
+                }
+                cr_assert_eq (K->scale (be, NULL, a, ld, y, ld, rows, dim, -0.5f, &err), RX_OK);
+                for (size_t r = 0; r < rows; r++)
+                    for (size_t i = 0; i < dim; i++) cr_assert_eq (y[r * ld + i], -0.5f * a[r * ld + i]);
+                cr_assert_eq (K->sigmoid (be, NULL, a, ld, y, ld, rows, dim, &err), RX_OK);
+                for (size_t r = 0; r < rows; r++)
+                    for (size_t i = 0; i < dim; i++) {
+                        double ref = 1 / (1 + exp (-(double) a[r * ld + i]));
+                        cr_assert_leq (fabs (y[r * ld + i] - ref), 1e-6, "sigmoid");
+                    }
+                cr_assert_eq (K->copy2d (be, NULL, a, ld, y, ld, rows, dim, &err), RX_OK);
+                for (size_t r = 0; r < rows; r++)
+                    cr_assert (memcmp (y + r * ld, a + r * ld, dim * 4) == 0, "copy2d");
+                /* softmax with scale, in place */
+                memcpy (y, a, rows * ld * sizeof *y);
+                cr_assert_eq (K->softmax (be, NULL, y, ld, rows, dim, 0.7f, &err), RX_OK);
+                for (size_t r = 0; r < rows; r++) {
+                    double mx = -INFINITY, s = 0;
+                    for (size_t i = 0; i < dim; i++) mx = fmax (mx, 0.7 * a[r * ld + i]);
+                    for (size_t i = 0; i < dim; i++) s += exp (0.7 * a[r * ld + i] - mx);
+                    for (size_t i = 0; i < dim; i++) {
+                        double ref = exp (0.7 * a[r * ld + i] - mx) / s;
+                        cr_assert_leq (fabs (y[r * ld + i] - ref), 1e-6 * ref + 1e-7, "softmax");
+                    }
+                }
+                free (a);
+                free (b);
+                free (wn);
+                free (y);
+            }
+        struct rx_err err = { 0 };
+        float z[8];
+        cr_assert_eq (K->rms_norm (be, NULL, z, 3, NULL, z, 4, 2, 4, 1e-5f, &err), RX_EINVAL);
+        cr_assert (strstr (err.msg, "ldx"), "%s", err.msg);
+        cr_assert_eq (K->add (be, NULL, z, 4, NULL, 4, z, 4, 2, 4, &err), RX_EINVAL);
+        cr_assert_eq (K->softmax (be, NULL, z, 4, 2, 0, 1.f, &err), RX_EINVAL);
+        K->destroy (be);
+    }
+}
+
+Test (kcpu, argmax_topk)
+{
+    void *be = s_create ("auto", 2);
+    struct rx_err err = { 0 };
+    const size_t rows = 37, dim = 1000, ld = 1003;
+    float *x = s_randv (rows * ld, 1.f);
+    /* ties: row 0 has two equal maxima, row 1 is constant */
+    x[10] = 9.f;
+    x[500] = 9.f;
+    for (size_t i = 0; i < dim; i++) x[ld + i] = 0.25f;
+    int32_t am[37];
+    cr_assert_eq (K->argmax (be, NULL, x, ld, rows, dim, am, &err), RX_OK);
+    cr_assert_eq (am[0], 10);
+    cr_assert_eq (am[1], 0);
+    for (size_t r = 2; r < rows; r++) {
+        size_t best = 0;
+        for (size_t i = 1; i < dim; i++) if (x[r * ld + i] > x[r * ld + best]) best = i;
+        cr_assert_eq ((size_t) am[r], best);
+    }
+    size_t ks[] = { 1, 2, 40, 1000 };
+    for (size_t ki = 0; ki < 4; ki++) {
+        size_t k = ks[ki];
+        float *vals = malloc (rows * k * sizeof *vals);
+        int32_t *idx = malloc (rows * k * sizeof *idx);
+        cr_assert_eq (K->topk (be, NULL, x, ld, rows, dim, k, vals, idx, &err), RX_OK);
+        for (size_t r = 0; r < rows; r++) {
+            /* reference: rank = number of elements that must come first */
+            for (size_t j = 0; j < k; j++) {
+                int32_t i = idx[r * k + j];
+                cr_assert (i >= 0 && (size_t) i < dim);
+                cr_assert_eq (vals[r * k + j], x[r * ld + i]);
+                size_t rank = 0;
+                for (size_t q = 0; q < dim; q++)
+                    if (x[r * ld + q] > x[r * ld + i] || (x[r * ld + q] == x[r * ld + i] && q < (size_t) i)) rank++;
+                cr_assert_eq (rank, j, "k=%zu row %zu pos %zu", k, r, j);
+            }
+        }
+        free (vals);
+        free (idx);
+    }
+    int32_t idx1[37];
+    cr_assert_eq (K->topk (be, NULL, x, ld, rows, dim, 1, NULL, idx1, &err), RX_OK);
+    for (size_t r = 0; r < rows; r++) cr_assert_eq (idx1[r], am[r]);
+    cr_assert_eq (K->topk (be, NULL, x, ld, rows, dim, 0, NULL, idx1, &err), RX_EINVAL);
+    cr_assert_eq (K->topk (be, NULL, x, ld, rows, dim, dim + 1, NULL, idx1, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "k ="), "%s", err.msg);
+    free (x);
+    K->destroy (be);
+}
+
+/* RoPE reference: GGML's definition (theta advanced by repeated float
+ * multiplication, YaRN ramp), written out per element. */
+static void s_ref_rope (float *x, int n_rot, int mode, int pos, const struct rx_rope_params *p)
+{
+    float theta_scale = powf (p->freq_base, -2.0f / n_rot);
+    float corr0 = floorf (n_rot * logf (p->n_ctx_orig / (p->beta_fast * 2 * (float) M_PI)) / (2 * logf (p->freq_base)));
+    float corr1 = ceilf (n_rot * logf (p->n_ctx_orig / (p->beta_slow * 2 * (float) M_PI)) / (2 * logf (p->freq_base)));
+    corr0 = fmaxf (0, corr0);
+    corr1 = fminf ((float) (n_rot - 1), corr1);
+    float theta = (float) pos;
+    float *orig = malloc ((size_t) n_rot * sizeof *orig);
+    memcpy (orig, x, (size_t) n_rot * sizeof *orig);
+    for (int i = 0; i < n_rot / 2; i++) {
+        float ff = p->freq_factors ? p->freq_factors[i] : 1.0f;
+        float te = theta / ff, ti = p->freq_scale * te, th = ti, ms = p->attn_factor;
+        if (p->ext_factor != 0) {
+            float y = ((float) i - corr0) / fmaxf (0.001f, corr1 - corr0);
+            float ramp = (1 - fminf (1, fmaxf (0, y))) * p->ext_factor;
+            th = ti * (1 - ramp) + te * ramp;
+            ms *= 1.0f + 0.1f * logf (1.0f / p->freq_scale);
+        }
+        double c = cos (th) * ms, s = sin (th) * ms;
+        int i0 = mode == RX_ROPE_NEOX ? i : 2 * i, i1 = mode == RX_ROPE_NEOX ? i + n_rot / 2 : 2 * i + 1;
+        x[i0] = (float) (orig[i0] * c - orig[i1] * s);
+        x[i1] = (float) (orig[i0] * s + orig[i1] * c);
+        theta *= theta_scale;
+    }
+    free (orig);
+}
+
+Test (kcpu, rope_normal_neox_yarn)
+{
+    const size_t n_tok = 5, n_head = 3, hd = 48, ld_head = 50, ldx = n_head * ld_head + 4;
+    int32_t pos[5] = { 0, 1, 7, 63, 300 };
+    float ff[24];
+    for (int i = 0; i < 24; i++) ff[i] = 1.f + 0.5f * i;
+    for (size_t ii = 0; ii < 3; ii++) {
+        if (!s_isa_ok (s_isas[ii])) continue;
+        void *be = s_create (s_isas[ii], 2);
+        for (int mode = 0; mode <= 2; mode += 2)
+            for (int variant = 0; variant < 3; variant++) {
+                struct rx_rope_params p = { .struct_size = sizeof p, .mode = mode, .n_rot = 32,
+                                            .n_ctx_orig = 4096, .freq_base = 10000.f,
+                                            .freq_scale = 1.f, .ext_factor = 0.f,
+                                            .attn_factor = 1.f, .beta_fast = 32.f, .beta_slow = 1.f };
+                if (variant == 1) { p.freq_scale = 0.25f; p.ext_factor = 1.f; p.attn_factor = 0.9f; p.freq_base = 500000.f; }
+                if (variant == 2) { p.freq_factors = ff; p.n_rot = hd; }
+                float *x = s_randv (n_tok * ldx, 1.f);
+                float *ref = malloc (n_tok * ldx * sizeof *ref);
+                memcpy (ref, x, n_tok * ldx * sizeof *ref);
+                struct rx_err err = { 0 };
+                cr_assert_eq (K->rope (be, NULL, x, ldx, n_tok, n_head, ld_head, pos, &p, &err), RX_OK,
+                              "%s", err.msg);
+                for (size_t t = 0; t < n_tok; t++)
+                    for (size_t h = 0; h < n_head; h++)
+                        s_ref_rope (ref + t * ldx + h * ld_head, p.n_rot, mode, pos[t], &p);
+                for (size_t i = 0; i < n_tok * ldx; i++)
+                    cr_assert_leq (fabsf (x[i] - ref[i]), 2e-5f * (1 + fabsf (ref[i])),
+                                   "rope mode %d variant %d [%zu]: %g vs %g", mode, variant, i,
+                                   (double) x[i], (double) ref[i]);
+                free (x);
+                free (ref);
+            }
+        /* Plain RoPE at small positions equals the textbook formula. */
+        struct rx_rope_params p = { .struct_size = sizeof p, .mode = 0, .n_rot = 16,
+                                    .n_ctx_orig = 512, .freq_base = 10000.f, .freq_scale = 1.f,
+                                    .attn_factor = 1.f, .beta_fast = 32.f, .beta_slow = 1.f };
+        float v[16];
+        for (int i = 0; i < 16; i++) v[i] = (float) (i + 1);
+        int32_t p3 = 3;
+        cr_assert_eq (K->rope (be, NULL, v, 16, 1, 1, 16, &p3, &p, NULL), RX_OK);
+        for (int i = 0; i < 8; i++) {
+            double th = 3 * pow (10000.0, -2.0 * i / 16);
+            double a = 2 * i + 1, b = 2 * i + 2;
+            cr_assert_leq (fabs (v[2 * i] - (a * cos (th) - b * sin (th))), 1e-4);
+            cr_assert_leq (fabs (v[2 * i + 1] - (a * sin (th) + b * cos (th))), 1e-4);
+        }
+        struct rx_err err = { 0 };
+        p.n_rot = 15;
+        cr_assert_eq (K->rope (be, NULL, v, 16, 1, 1, 16, &p3, &p, &err), RX_EINVAL);
+        cr_assert (strstr (err.msg, "n_rot"), "%s", err.msg);
+        p.n_rot = 16;
+        p.mode = 1;
+        cr_assert_eq (K->rope (be, NULL, v, 16, 1, 1, 16, &p3, &p, &err), RX_EINVAL);
+        K->destroy (be);
+    }
+}
+
+/* ========================================================= attention -- */
+
+static void s_check_attention (void *be, const char *tag, int dtype, int n_head, int n_kv,
+                               int hd_k, int hd_v, int window, float softcap)
+{
+    struct rx_err err = { 0 };
+    const int n_slots = 96;
+    struct rx_kv_pool pool = { .dtype = dtype, .n_kv_head = n_kv, .hd_k = hd_k, .hd_v = hd_v,
+                               .n_slots = n_slots };
+    size_t esz = dtype == RX_F16 ? 2 : 4;
+    cr_assert_eq (K->alloc (be, (size_t) n_slots * n_kv * hd_k * esz, 0, &pool.k, &err), RX_OK);
+    cr_assert_eq (K->alloc (be, (size_t) n_slots * n_kv * hd_v * esz, 0, &pool.v, &err), RX_OK);
+    /* Three sequences: lengths 1, 7 and 30, slots scattered through the pool. */
+    enum { NS = 3 };
+    const int len[NS] = { 1, 7, 30 };
+    int32_t kv_start[NS + 1] = { 0 };
+    for (int s = 0; s < NS; s++) kv_start[s + 1] = kv_start[s] + len[s];
+    const int total = kv_start[NS];
+    int32_t slots[38];
+    int32_t perm[96];
+    for (int i = 0; i < n_slots; i++) perm[i] = i;
+    for (int i = n_slots - 1; i > 0; i--) {
+        int j = (int) (s_next () % (uint64_t) (i + 1));
+        int32_t tmp = perm[i]; perm[i] = perm[j]; perm[j] = tmp;
+    }
+    for (int i = 0; i < total; i++) slots[i] = perm[i];
+    /* Store every position's K/V with kv_store (all sequences at once). */
+    const size_t kd = (size_t) n_kv * hd_k, vd = (size_t) n_kv * hd_v;
+    float *kall = s_randv ((size_t) total * (kd + 1), 1.f), *vall = s_randv ((size_t) total * vd, 1.f);
+    cr_assert_eq (K->kv_store (be, NULL, &pool, kall, kd + 1, vall, vd, slots, (size_t) total, &err),
+                  RX_OK, "%s", err.msg);
+    /* The pool holds them at their slots (host-visible backend). */
+    for (int i = 0; i < total; i++)
+        for (size_t e = 0; e < kd; e++) {
+            const uint8_t *row = (const uint8_t *) pool.k + (size_t) slots[i] * kd * esz;
+            double got = dtype == RX_F16 ? t_f16 (t_u16 (row + 2 * e)) : ((const float *) row)[e];
+            double want = dtype == RX_F16 ? t_f16 (rx_fp32_to_fp16 (kall[(size_t) i * (kd + 1) + e]))
+                                          : kall[(size_t) i * (kd + 1) + e];
+            cr_assert_eq (got, want, "%s kv_store slot %d [%zu]", tag, slots[i], e);
+        }
+    /* Queries: seq 0 decodes pos 0; seq 1 prefills pos 0..6; seq 2 a chunk
+     * at positions 27..29 (KV beyond the query is masked). */
+    int32_t q_start[NS + 1] = { 0, 1, 8, 11 };
+    int32_t q_pos[11] = { 0, 0, 1, 2, 3, 4, 5, 6, 27, 28, 29 };
+    /* make seq 2 longer than its last query to check the causal mask */
+    q_pos[10] = 25;
+    const int n_tok = 11;
+    const size_t qd = (size_t) n_head * hd_k, od = (size_t) n_head * hd_v;
+    const size_t ldq = qd + 3, ldo = od + 2;
+    float *q = s_randv ((size_t) n_tok * ldq, 1.f), *out = malloc ((size_t) n_tok * ldo * sizeof *out);
+    for (size_t i = 0; i < (size_t) n_tok * ldo; i++) out[i] = NAN;
+    struct rx_attn_batch b = { .n_seq = NS, .n_tokens = n_tok, .q_start = q_start,
+                               .kv_start = kv_start, .slots = slots, .q_pos = q_pos };
+    const float scale = 1.f / sqrtf ((float) hd_k);
+    struct rx_attn_params p = { .struct_size = sizeof p, .n_head = n_head, .scale = scale,
+                                .softcap = softcap, .window = window };
+    cr_assert_eq (K->attention (be, NULL, q, ldq, &pool, &b, &p, out, ldo, &err), RX_OK, "%s", err.msg);
+    /* Reference: gather the sequence's K/V (as stored) and do softmax(QK^T)V. */
+    const int group = n_head / n_kv;
+    for (int s = 0; s < NS; s++)
+        for (int t = q_start[s]; t < q_start[s + 1]; t++)
+            for (int h = 0; h < n_head; h++) {
+                const int kvh = h / group, ps = q_pos[t];
+                const int first = window > 0 && ps - window + 1 > 0 ? ps - window + 1 : 0;
+                double sc[64], mx = -INFINITY, sum = 0;
+                for (int j = first; j <= ps; j++) {
+                    const float *kr = kall + (size_t) (kv_start[s] + j) * (kd + 1) + (size_t) kvh * hd_k;
+                    double d = 0;
+                    for (int e = 0; e < hd_k; e++) {
+                        double kv = dtype == RX_F16 ? t_f16 (rx_fp32_to_fp16 (kr[e])) : kr[e];
+                        d += q[(size_t) t * ldq + (size_t) h * hd_k + e] * kv;
+                    }
+                    d *= scale;
+                    if (softcap > 0) d = softcap * tanh (d / softcap);
+                    sc[j - first] = d;
+                    mx = fmax (mx, d);
+                }
+                for (int j = first; j <= ps; j++) sum += (sc[j - first] = exp (sc[j - first] - mx));
+                for (int e = 0; e < hd_v; e++) {
+                    double o = 0;
+                    for (int j = first; j <= ps; j++) {
+                        float vv = vall[(size_t) (kv_start[s] + j) * vd + (size_t) kvh * hd_v + e];
+                        o += sc[j - first] / sum * (dtype == RX_F16 ? t_f16 (rx_fp32_to_fp16 (vv)) : vv);
+                    }
+                    float got = out[(size_t) t * ldo + (size_t) h * hd_v + e];
+                    cr_assert_leq (fabs (got - o), 2e-5 * (1 + fabs (o)),
+                                   "%s seq %d tok %d head %d [%d]: %g vs %g", tag, s, t, h, e,
+                                   (double) got, o);
+                }
+            }
+    /* Bad indices are refused with one line. */
+    q_pos[10] = 30;
+    cr_assert_eq (K->attention (be, NULL, q, ldq, &pool, &b, &p, out, ldo, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "position 30"), "%s", err.msg);
+    q_pos[10] = 25;
+    slots[3] = n_slots;
+    cr_assert_eq (K->attention (be, NULL, q, ldq, &pool, &b, &p, out, ldo, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "slot"), "%s", err.msg);
+    cr_assert_eq (K->kv_store (be, NULL, &pool, kall, kd + 1, vall, vd, slots, 4, &err), RX_EINVAL);
+    slots[3] = perm[3];
+    if (n_kv > 1) {
+        p.n_head = n_kv * group + 1;
+        cr_assert_eq (K->attention (be, NULL, q, ldq, &pool, &b, &p, out, ldo, &err), RX_EINVAL);
+        cr_assert (strstr (err.msg, "n_head"), "%s", err.msg);
+    }
+    K->free_ (be, pool.k);
+    K->free_ (be, pool.v);
+    free (kall);
+    free (vall);
+    free (q);
+    free (out);
+}
+
+Test (kcpu, attention_paged_gqa, .timeout = 120)
+{
+    for (size_t ii = 0; ii < 3; ii++) {
+        if (!s_isa_ok (s_isas[ii])) continue;
+        for (int th = 1; th <= 3; th += 2) {
+            void *be = s_create (s_isas[ii], th);
+            char tag[64];
+            snprintf (tag, sizeof tag, "isa=%s threads=%d", s_isas[ii], th);
+            s_check_attention (be, tag, RX_F32, 4, 2, 16, 16, 0, 0.f);    /* GQA 2 */
+            s_check_attention (be, tag, RX_F32, 4, 4, 48, 32, 0, 0.f);    /* MLA naive: hd_k != hd_v */
+            s_check_attention (be, tag, RX_F32, 8, 1, 64, 64, 0, 0.f);    /* MQA */
+            s_check_attention (be, tag, RX_F16, 6, 2, 32, 24, 0, 0.f);    /* f16 pool */
+            s_check_attention (be, tag, RX_F32, 2, 1, 16, 16, 4, 30.f);   /* window, softcap */
+            K->destroy (be);
+        }
+    }
+}
