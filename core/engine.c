@@ -1,0 +1,575 @@
+/* core/engine.c -- see engine.h. */
+#include "config.h"
+
+#include <dirent.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <radix/attn.h>
+#include <radix/kernel.h>
+#include <radix/model.h>
+
+#include "engine.h"
+#include "log.h"
+
+struct eng_seq {
+    int     used;
+    int32_t base, cap, len;
+};
+
+struct rx_engine {
+    rx_gguf_t *gguf;
+    char arch[64];
+    char desc[384];
+    struct rx_model_src src;
+
+    rx_plugin_t *model_p, *kern_p, *attn_p;
+    const struct rx_kernels_ops *K;
+    void *be;
+    const struct rx_model_ops *M;
+    void *model;
+    struct rx_model_info info;
+
+    int64_t n_slots;
+    int32_t max_tokens;
+
+    struct eng_seq *seqs;
+    int32_t n_seqs;
+
+    /* step scratch (host), grow-only: one int32 block for every index array */
+    int32_t *ih;
+    size_t cap_ih;
+    float *d_logits;              /* device [cap_out][n_vocab] */
+    int32_t cap_out;
+};
+
+/* ------------------------------------------------------- the model source -- */
+
+static const rx_gguf_t *s_g (const struct rx_model_src *s) { return s->ctx; }
+
+static int s_get_u32 (const struct rx_model_src *s, const char *key, uint32_t *out)
+{
+    return rx_gguf_get_u32 (s_g (s), key, out);
+}
+
+static int s_get_i64 (const struct rx_model_src *s, const char *key, int64_t *out)
+{
+    return rx_gguf_get_i64 (s_g (s), key, out);
+}
+
+static int s_get_f32 (const struct rx_model_src *s, const char *key, float *out)
+{
+    return rx_gguf_get_f32 (s_g (s), key, out);
+}
+
+static int s_get_bool (const struct rx_model_src *s, const char *key, int *out)
+{
+    return rx_gguf_get_bool (s_g (s), key, out);
+}
+
+static int s_get_str (const struct rx_model_src *s, const char *key, const char **str,
+                      size_t *len)
+{
+    return rx_gguf_get_str (s_g (s), key, str, len);
+}
+
+static int s_arr_len (const struct rx_model_src *s, const char *key, size_t *n)
+{
+    int t;
+    int rc = rx_gguf_get_arr (s_g (s), key, &t, n);
+    if (rc == RX_OK && (t == RX_GGUF_STRING || t == RX_GGUF_ARRAY)) return RX_EINVAL;
+    return rc;
+}
+
+/* Element i of a numeric array as double (exact for every int32 and float). */
+static int s_arr_elem (const struct rx_model_src *s, const char *key, size_t i, int64_t *iv,
+                       double *dv)
+{
+    int t;
+    size_t n;
+    const void *data;
+    int rc = rx_gguf_get_arr (s_g (s), key, &t, &n);
+    if (rc != RX_OK) return rc;
+    if (i >= n) return RX_ERANGE;
+    if ((rc = rx_gguf_arr_data (s_g (s), key, &data)) != RX_OK) return rc;
+    const unsigned char *p = data;
+    int64_t iv_ = 0;
+    double dv_ = 0;
+    int is_float = 0;
+    switch (t) {
+    case RX_GGUF_UINT8:  { uint8_t v;  memcpy (&v, p + i, 1); iv_ = v; break; }
+    case RX_GGUF_INT8:   { int8_t v;   memcpy (&v, p + i, 1); iv_ = v; break; }
+    case RX_GGUF_UINT16: { uint16_t v; memcpy (&v, p + 2 * i, 2); iv_ = v; break; }
+    case RX_GGUF_INT16:  { int16_t v;  memcpy (&v, p + 2 * i, 2); iv_ = v; break; }
+    case RX_GGUF_UINT32: { uint32_t v; memcpy (&v, p + 4 * i, 4); iv_ = v; break; }
+    case RX_GGUF_INT32:  { int32_t v;  memcpy (&v, p + 4 * i, 4); iv_ = v; break; }
+    case RX_GGUF_BOOL:   { uint8_t v;  memcpy (&v, p + i, 1); iv_ = v != 0; break; }
+    case RX_GGUF_INT64:  { int64_t v;  memcpy (&v, p + 8 * i, 8); iv_ = v; break; }
+    case RX_GGUF_UINT64: {
+        uint64_t v;
+        memcpy (&v, p + 8 * i, 8);
+        if (v > INT64_MAX) return RX_ERANGE;
+        iv_ = (int64_t) v;
+        break;
+    }
+    case RX_GGUF_FLOAT32: { float v;  memcpy (&v, p + 4 * i, 4); dv_ = v; is_float = 1; break; }
+    case RX_GGUF_FLOAT64: { double v; memcpy (&v, p + 8 * i, 8); dv_ = v; is_float = 1; break; }
+    default: return RX_EINVAL;
+    }
+    if (iv) {
+        if (is_float) return RX_EINVAL;
+        *iv = iv_;
+    }
+    if (dv) *dv = is_float ? dv_ : (double) iv_;
+    return RX_OK;
+}
+
+static int s_arr_i64 (const struct rx_model_src *s, const char *key, size_t i, int64_t *out)
+{
+    return s_arr_elem (s, key, i, out, NULL);
+}
+
+static int s_arr_f32 (const struct rx_model_src *s, const char *key, size_t i, float *out)
+{
+    double d;
+    int rc = s_arr_elem (s, key, i, NULL, &d);
+    if (rc == RX_OK) *out = (float) d;
+    return rc;
+}
+
+static int s_tensor (const struct rx_model_src *s, const char *name, struct rx_weight_view *out)
+{
+    const struct rx_gguf_tensor *t = rx_gguf_find_tensor (s_g (s), name);
+    if (!t) return RX_ENOENT;
+    memset (out, 0, sizeof *out);
+    out->name = t->name;
+    out->dtype = t->type;
+    out->n_dims = t->n_dims;
+    for (int d = 0; d < 4; d++) out->ne[d] = t->ne[d];
+    out->data = t->data;
+    out->nbytes = t->nbytes;
+    return RX_OK;
+}
+
+/* ---------------------------------------------------------- plugin choice -- */
+
+static int s_has_arch (const struct rx_model_ops *ops, const char *arch)
+{
+    for (const char *const *a = ops->architectures; a && *a; a++)
+        if (strcmp (*a, arch) == 0) return 1;
+    return 0;
+}
+
+static int s_check_model_ops (rx_plugin_t *p, struct rx_err *err)
+{
+    const struct rx_model_ops *o = rx_plugin_ops (p);
+    if (!o->architectures || !o->create || !o->destroy || !o->info || !o->reserve || !o->forward)
+        return rx_err_set (err, RX_EABI, "%s: model plugin lacks a required member (architectures, create, destroy, info, reserve or forward)",
+                           rx_plugin_path (p));
+    return RX_OK;
+}
+
+/* [model] plugin = auto: the first model-*.so in the search path whose
+ * architectures include arch (only model plugins are opened). */
+static int s_find_model (rx_engine_t *e, struct rx_boot *b, const char *arch, struct rx_err *err)
+{
+    const char *name = rx_conf_str (b->conf, "model", "plugin", "auto");
+    if (strcmp (name, "auto") != 0) {
+        int rc = rx_loader_find (b->loader, RX_KIND_MODEL, name, &e->model_p, err);
+        if (rc != RX_OK) return rc;
+        if ((rc = s_check_model_ops (e->model_p, err)) != RX_OK) return rc;
+        if (!s_has_arch (rx_plugin_ops (e->model_p), arch))
+            return rx_err_set (err, RX_ENOTSUP, "%s: [model] plugin = %s does not handle architecture \"%s\"",
+                               rx_gguf_path (e->gguf), name, arch);
+        return RX_OK;
+    }
+    char tried[512] = "";
+    size_t off = 0;
+    struct rx_err first = { 0 };
+    for (size_t i = 0; i < rx_loader_dir_count (b->loader); i++) {
+        DIR *d = opendir (rx_loader_dir (b->loader, i));
+        if (!d) continue;
+        char **names = NULL;
+        size_t n = 0;
+        struct dirent *de;
+        while ((de = readdir (d))) {
+            size_t len = strlen (de->d_name);
+            if (len < 10 || strncmp (de->d_name, "model-", 6) != 0 || strcmp (de->d_name + len - 3, ".so") != 0)
+                continue;
+            char **nn = realloc (names, (n + 1) * sizeof *nn);
+            if (!nn) break;
+            names = nn;
+            if (!(names[n] = strndup (de->d_name + 6, len - 9))) break;
+            n++;
+        }
+        closedir (d);
+        /* Deterministic order whatever readdir says. */
+        for (size_t x = 1; x < n; x++)
+            for (size_t y = x; y > 0 && strcmp (names[y - 1], names[y]) > 0; y--) {
+                char *t = names[y]; names[y] = names[y - 1]; names[y - 1] = t;
+            }
+        for (size_t j = 0; j < n && !e->model_p; j++) {
+            rx_plugin_t *p;
+            struct rx_err perr = { 0 };
+            if (rx_loader_find (b->loader, RX_KIND_MODEL, names[j], &p, &perr) != RX_OK
+                || s_check_model_ops (p, &perr) != RX_OK) {
+                if (!first.msg[0]) first = perr;
+                continue;
+            }
+            if (s_has_arch (rx_plugin_ops (p), arch)) e->model_p = p;
+            int w = snprintf (tried + off, sizeof tried - off, "%s%s", off ? ", " : "", names[j]);
+            if (w > 0 && (size_t) w < sizeof tried - off) off += (size_t) w;
+        }
+        for (size_t j = 0; j < n; j++) free (names[j]);
+        free (names);
+        if (e->model_p) return RX_OK;
+    }
+    if (first.msg[0])
+        return rx_err_set (err, RX_ENOTSUP, "%s: no model plugin handles architecture \"%s\" (tried: %s; refused: %s)",
+                           rx_gguf_path (e->gguf), arch, tried[0] ? tried : "none", first.msg);
+    return rx_err_set (err, RX_ENOTSUP, "%s: no model plugin handles architecture \"%s\" (tried: %s)",
+                       rx_gguf_path (e->gguf), arch, tried[0] ? tried : "no model-*.so in the plugin path");
+}
+
+static int s_check_kernel_ops (rx_plugin_t *p, struct rx_err *err)
+{
+    const struct rx_kernels_ops *k = rx_plugin_ops (p);
+    if (!k->create || !k->destroy || !k->info || !k->alloc || !k->free_ || !k->copy_h2d
+        || !k->copy_d2h || !k->synchronize || !k->weight_load || !k->weight_free
+        || !k->weight_data || !k->get_rows || !k->rms_norm || !k->rope || !k->matmul
+        || !k->swiglu || !k->add || !k->copy2d || !k->kv_store || !k->attention)
+        return rx_err_set (err, RX_EABI, "%s: kernel backend lacks a required op",
+                           rx_plugin_path (p));
+    return RX_OK;
+}
+
+static int s_check_attn_ops (rx_plugin_t *p, struct rx_err *err)
+{
+    const struct rx_attn_ops *a = rx_plugin_ops (p);
+    if (!a->create || !a->destroy || !a->kv_bytes_per_token || !a->kv_alloc || !a->forward)
+        return rx_err_set (err, RX_EABI, "%s: attention backend lacks a required member",
+                           rx_plugin_path (p));
+    return RX_OK;
+}
+
+/* [model] path as written in the file is relative to the file's folder. */
+static char *s_model_path (struct rx_boot *b, const struct rx_engine_opts *o)
+{
+    if (o && o->model_path) return strdup (o->model_path);
+    int line = 0;
+    const char *p = rx_conf_raw (b->conf, "model", "path", &line);
+    if (!p || !*p) return NULL;
+    const char *conf = rx_conf_name (b->conf);
+    const char *slash = conf ? strrchr (conf, '/') : NULL;
+    if (p[0] == '/' || line <= 0 || !slash) return strdup (p);
+    size_t n = (size_t) (slash - conf) + strlen (p) + 2;
+    char *r = malloc (n);
+    if (r) snprintf (r, n, "%.*s/%s", (int) (slash - conf), conf, p);
+    return r;
+}
+
+/* ---------------------------------------------------------------- engine -- */
+
+rx_engine_t *rx_engine_new (struct rx_boot *b, const struct rx_engine_opts *o, struct rx_err *err)
+{
+    rx_engine_t *e = calloc (1, sizeof *e);
+    if (!e) {
+        rx_err_set (err, RX_ENOMEM, "engine: out of memory");
+        return NULL;
+    }
+    int rc = RX_OK;
+    char *path = s_model_path (b, o);
+    if (!path) {
+        rx_err_set (err, RX_ECONFIG, "no model: give --model FILE or set [model] path");
+        goto fail;
+    }
+    e->gguf = rx_gguf_open (path, err);
+    free (path);
+    if (!e->gguf) goto fail;
+
+    const char *arch;
+    size_t alen;
+    if (rx_gguf_get_str (e->gguf, "general.architecture", &arch, &alen) != RX_OK || alen == 0
+        || alen >= sizeof e->arch) {
+        rx_err_set (err, RX_EFORMAT, "%s: missing or bad general.architecture", rx_gguf_path (e->gguf));
+        goto fail;
+    }
+    memcpy (e->arch, arch, alen);
+    e->arch[alen] = '\0';
+
+    /* Plugins: model, kernels, attention. */
+    if ((rc = s_find_model (e, b, e->arch, err)) != RX_OK) goto fail;
+    if ((rc = rx_plugin_init (e->model_p, b->conf, err)) != RX_OK) goto fail;
+    e->M = rx_plugin_ops (e->model_p);
+    if ((rc = rx_boot_plugin (b, "kernels", "backend", RX_KIND_KERNELS, &e->kern_p, err)) != RX_OK)
+        goto fail;
+    if ((rc = s_check_kernel_ops (e->kern_p, err)) != RX_OK) goto fail;
+    e->K = rx_plugin_ops (e->kern_p);
+    const char *an = rx_conf_str (b->conf, "attention", "backend", "auto");
+    if (strcmp (an, "auto") == 0) {
+        an = e->M->default_attention ? e->M->default_attention (e->arch) : NULL;
+        if (!an) an = "mha";
+    }
+    if ((rc = rx_loader_find (b->loader, RX_KIND_ATTENTION, an, &e->attn_p, err)) != RX_OK) goto fail;
+    if ((rc = rx_plugin_init (e->attn_p, b->conf, err)) != RX_OK) goto fail;
+    if ((rc = s_check_attn_ops (e->attn_p, err)) != RX_OK) goto fail;
+    const char *kvd = rx_conf_str (b->conf, "attention", "kv_dtype", "f32");
+    int kv_dtype = strcmp (kvd, "f16") == 0 ? RX_F16 : RX_F32;
+
+    /* The kernel backend instance. */
+    struct rx_kernels_params kp = {
+        .struct_size = sizeof kp,
+        .threads = (int32_t) rx_conf_int (b->conf, "kernels", "threads", 0),
+        .device = 0,
+    };
+    if ((rc = e->K->create (rx_plugin_host (e->kern_p), &kp, &e->be, err)) != RX_OK) {
+        e->be = NULL;
+        goto fail;
+    }
+    struct rx_kernels_info ki = { .struct_size = sizeof ki };
+    e->K->info (e->be, &ki);
+
+    /* The model. */
+    e->src = (struct rx_model_src) {
+        .struct_size = sizeof e->src, .ctx = e->gguf, .path = rx_gguf_path (e->gguf),
+        .get_u32 = s_get_u32, .get_i64 = s_get_i64, .get_f32 = s_get_f32,
+        .get_bool = s_get_bool, .get_str = s_get_str, .arr_len = s_arr_len,
+        .arr_i64 = s_arr_i64, .arr_f32 = s_arr_f32, .tensor = s_tensor,
+    };
+    struct rx_model_env env = {
+        .struct_size = sizeof env, .k = { e->K, e->be, NULL }, .attn = rx_plugin_ops (e->attn_p),
+        .attn_host = rx_plugin_host (e->attn_p), .kv_dtype = kv_dtype, .rank = 0, .n_rank = 1,
+    };
+    if ((rc = e->M->create (rx_plugin_host (e->model_p), &e->src, &env, &e->model, err)) != RX_OK) {
+        e->model = NULL;
+        goto fail;
+    }
+    e->info.struct_size = sizeof e->info;
+    e->M->info (e->model, &e->info);
+    if (e->info.n_vocab <= 0) {
+        rc = rx_err_set (err, RX_EINTERNAL, "%s: model plugin reports %d vocabulary entries",
+                         rx_plugin_path (e->model_p), e->info.n_vocab);
+        goto fail;
+    }
+
+    /* KV pool and scratch. */
+    int64_t ctx = e->info.n_ctx_train > 0 ? e->info.n_ctx_train : 4096;
+    e->n_slots = o && o->n_slots > 0 ? o->n_slots : (ctx < 4096 ? ctx : 4096);
+    e->max_tokens = o && o->max_tokens > 0 ? o->max_tokens
+                    : (int32_t) (e->n_slots < 512 ? e->n_slots : 512);
+    if ((rc = e->M->reserve (e->model, (uint64_t) e->n_slots, e->max_tokens, err)) != RX_OK) goto fail;
+
+    snprintf (e->desc, sizeof e->desc, "%s: model-%s (%s), kernels-%s [%s], attn-%s, KV %lld slots x %llu B",
+              rx_gguf_path (e->gguf), rx_plugin_desc (e->model_p)->name, e->arch,
+              rx_plugin_desc (e->kern_p)->name, ki.device, rx_plugin_desc (e->attn_p)->name,
+              (long long) e->n_slots, (unsigned long long) e->info.kv_bytes_per_token);
+    rx_log (RX_LOG_DEBUG, "engine: %s", e->desc);
+    return e;
+
+fail:
+    if (rc == RX_OK && err && err->code == RX_OK) rx_err_set (err, RX_EINTERNAL, "engine: failed");
+    rx_engine_destroy (&e);
+    return NULL;
+}
+
+void rx_engine_destroy (rx_engine_t **self_p)
+{
+    if (!self_p || !*self_p) return;
+    rx_engine_t *e = *self_p;
+    if (e->be) e->K->synchronize (e->be, NULL, NULL);
+    if (e->model) e->M->destroy (e->model);
+    if (e->d_logits) e->K->free_ (e->be, e->d_logits);
+    if (e->be) e->K->destroy (e->be);
+    rx_gguf_close (&e->gguf);
+    free (e->seqs);
+    free (e->ih);
+    free (e);
+    *self_p = NULL;
+}
+
+const struct rx_model_info *rx_engine_info (const rx_engine_t *e) { return &e->info; }
+const rx_gguf_t *rx_engine_gguf (const rx_engine_t *e) { return e->gguf; }
+int64_t rx_engine_n_slots (const rx_engine_t *e) { return e->n_slots; }
+int32_t rx_engine_max_tokens (const rx_engine_t *e) { return e->max_tokens; }
+const char *rx_engine_describe (const rx_engine_t *e) { return e->desc; }
+
+/* ----------------------------------------------------------- sequences -- */
+
+int rx_engine_seq_new (rx_engine_t *e, int32_t capacity, struct rx_err *err)
+{
+    if (capacity < 1)
+        return rx_err_set (err, RX_EINVAL, "engine: sequence capacity %d < 1", capacity);
+    /* First fit: candidate bases are 0 and the end of every live range. */
+    int64_t best = -1;
+    for (int32_t c = -1; c < e->n_seqs; c++) {
+        if (c >= 0 && !e->seqs[c].used) continue;
+        int64_t base = c < 0 ? 0 : (int64_t) e->seqs[c].base + e->seqs[c].cap;
+        if (base + capacity > e->n_slots) continue;
+        int ok = 1;
+        for (int32_t i = 0; i < e->n_seqs && ok; i++)
+            if (e->seqs[i].used && base < (int64_t) e->seqs[i].base + e->seqs[i].cap
+                && e->seqs[i].base < base + capacity)
+                ok = 0;
+        if (ok && (best < 0 || base < best)) best = base;
+    }
+    if (best < 0)
+        return rx_err_set (err, RX_EAGAIN, "engine: no room for %d more tokens of KV (pool of %lld slots)",
+                           capacity, (long long) e->n_slots);
+    int32_t id = -1;
+    for (int32_t i = 0; i < e->n_seqs; i++)
+        if (!e->seqs[i].used) { id = i; break; }
+    if (id < 0) {
+        struct eng_seq *ns = realloc (e->seqs, ((size_t) e->n_seqs + 1) * sizeof *ns);
+        if (!ns) return rx_err_set (err, RX_ENOMEM, "engine: out of memory");
+        e->seqs = ns;
+        id = e->n_seqs++;
+    }
+    e->seqs[id] = (struct eng_seq) { 1, (int32_t) best, capacity, 0 };
+    return id;
+}
+
+int rx_engine_seq_free (rx_engine_t *e, int32_t seq)
+{
+    if (seq < 0 || seq >= e->n_seqs || !e->seqs[seq].used) return RX_EINVAL;
+    e->seqs[seq].used = 0;
+    return RX_OK;
+}
+
+int32_t rx_engine_seq_len (const rx_engine_t *e, int32_t seq)
+{
+    if (seq < 0 || seq >= e->n_seqs || !e->seqs[seq].used) return -1;
+    return e->seqs[seq].len;
+}
+
+int32_t rx_engine_seq_room (const rx_engine_t *e, int32_t seq)
+{
+    if (seq < 0 || seq >= e->n_seqs || !e->seqs[seq].used) return -1;
+    return e->seqs[seq].cap - e->seqs[seq].len;
+}
+
+int rx_engine_seq_truncate (rx_engine_t *e, int32_t seq, int32_t len)
+{
+    if (seq < 0 || seq >= e->n_seqs || !e->seqs[seq].used || len < 0 || len > e->seqs[seq].len)
+        return RX_EINVAL;
+    e->seqs[seq].len = len;
+    return RX_OK;
+}
+
+/* ---------------------------------------------------------------- step -- */
+
+int32_t rx_engine_n_out (const struct rx_engine_req *reqs, int32_t n_req)
+{
+    int64_t n = 0;
+    for (int32_t i = 0; i < n_req; i++)
+        n += reqs[i].all_logits ? reqs[i].n_tokens : 1;
+    return n > INT32_MAX ? INT32_MAX : (int32_t) n;
+}
+
+static int s_grow (void **p, size_t *cap, size_t need, size_t elt)
+{
+    if (need <= *cap) return 0;
+    size_t nc = *cap ? *cap : 64;
+    while (nc < need) nc *= 2;
+    void *np = realloc (*p, nc * elt);
+    if (!np) return -1;
+    *p = np;
+    *cap = nc;
+    return 0;
+}
+
+int rx_engine_step (rx_engine_t *e, const struct rx_engine_req *reqs, int32_t n_req,
+                    float *logits, struct rx_err *err)
+{
+    if (n_req < 1 || !reqs)
+        return rx_err_set (err, RX_EINVAL, "engine: step with %d requests", n_req);
+    int64_t n_tok = 0, n_kv = 0;
+    for (int32_t i = 0; i < n_req; i++) {
+        const struct rx_engine_req *r = &reqs[i];
+        if (r->seq < 0 || r->seq >= e->n_seqs || !e->seqs[r->seq].used)
+            return rx_err_set (err, RX_EINVAL, "engine: step: unknown sequence %d", r->seq);
+        for (int32_t j = 0; j < i; j++)
+            if (reqs[j].seq == r->seq)
+                return rx_err_set (err, RX_EINVAL, "engine: step: sequence %d appears twice", r->seq);
+        const struct eng_seq *s = &e->seqs[r->seq];
+        if (r->n_tokens < 1 || !r->tokens)
+            return rx_err_set (err, RX_EINVAL, "engine: step: sequence %d has no tokens", r->seq);
+        if ((int64_t) s->len + r->n_tokens > s->cap)
+            return rx_err_set (err, RX_EINVAL, "engine: step: sequence %d: %d + %d tokens exceed its capacity %d",
+                               r->seq, s->len, r->n_tokens, s->cap);
+        n_tok += r->n_tokens;
+        n_kv += s->len + r->n_tokens;
+    }
+    if (n_tok > e->max_tokens)
+        return rx_err_set (err, RX_EINVAL, "engine: step of %lld tokens exceeds max_tokens %d (split it)",
+                           (long long) n_tok, e->max_tokens);
+    int32_t n_out = logits ? rx_engine_n_out (reqs, n_req) : 0;
+    size_t need = 3 * (size_t) n_tok + 2 * ((size_t) n_req + 1) + (size_t) n_kv;
+    if (s_grow ((void **) &e->ih, &e->cap_ih, need, sizeof (int32_t)) < 0)
+        return rx_err_set (err, RX_ENOMEM, "engine: out of memory");
+    int32_t *tokens = e->ih, *pos = tokens + n_tok, *out_rows = pos + n_tok,
+            *q_start = out_rows + n_tok, *kv_start = q_start + n_req + 1, *slots = kv_start + n_req + 1;
+    int32_t t = 0, k = 0, o = 0;
+    for (int32_t i = 0; i < n_req; i++) {
+        const struct rx_engine_req *r = &reqs[i];
+        const struct eng_seq *s = &e->seqs[r->seq];
+        q_start[i] = t;
+        kv_start[i] = k;
+        for (int32_t p = 0; p < s->len + r->n_tokens; p++)
+            slots[k++] = s->base + p;
+        for (int32_t j = 0; j < r->n_tokens; j++, t++) {
+            tokens[t] = r->tokens[j];
+            pos[t] = s->len + j;
+            if (logits && (r->all_logits || j == r->n_tokens - 1))
+                out_rows[o++] = t;
+        }
+    }
+    q_start[n_req] = t;
+    kv_start[n_req] = k;
+
+    struct rx_model_batch mb = {
+        .struct_size = sizeof mb, .n_tokens = t, .tokens = tokens, .pos = pos,
+        .n_seq = n_req, .q_start = q_start, .kv_start = kv_start, .kv_slots = slots,
+        .n_out = n_out, .out_rows = out_rows, .logits = NULL,
+    };
+    int rc = rx_engine_forward (e, &mb, logits, err);
+    if (rc != RX_OK) return rc;
+    for (int32_t i = 0; i < n_req; i++)
+        e->seqs[reqs[i].seq].len += reqs[i].n_tokens;
+    return RX_OK;
+}
+
+int rx_engine_forward (rx_engine_t *e, const struct rx_model_batch *b, float *logits,
+                       struct rx_err *err)
+{
+    if (!b || b->struct_size < sizeof *b)
+        return rx_err_set (err, RX_EINVAL, "engine: forward: NULL or short batch");
+    int32_t n_out = b->n_out;
+    if (n_out > 0 && !logits)
+        return rx_err_set (err, RX_EINVAL, "engine: forward: %d output rows but no logits buffer", n_out);
+    if (n_out > b->n_tokens)
+        return rx_err_set (err, RX_EINVAL, "engine: forward: %d output rows for %d tokens", n_out,
+                           b->n_tokens);
+    if (n_out > e->cap_out) {
+        if (e->d_logits) {
+            e->K->synchronize (e->be, NULL, NULL);
+            e->K->free_ (e->be, e->d_logits);
+            e->d_logits = NULL;
+            e->cap_out = 0;
+        }
+        void *d;
+        int rc = e->K->alloc (e->be, (size_t) n_out * (size_t) e->info.n_vocab * sizeof (float), 0, &d, err);
+        if (rc != RX_OK) return rc;
+        e->d_logits = d;
+        e->cap_out = n_out;
+    }
+    struct rx_model_batch mb = *b;
+    mb.logits = n_out > 0 ? e->d_logits : NULL;
+    int rc = e->M->forward (e->model, &mb, err);
+    if (rc == RX_OK && n_out > 0)
+        rc = e->K->copy_d2h (e->be, NULL, logits, e->d_logits,
+                             (size_t) n_out * (size_t) e->info.n_vocab * sizeof (float), err);
+    if (rc == RX_OK) rc = e->K->synchronize (e->be, NULL, err);
+    return rc;
+}

@@ -1,0 +1,96 @@
+/* core/engine.h -- the model runner: one model on one kernel backend.
+ *
+ * rx_engine_new opens the GGUF, picks the model plugin by
+ * general.architecture (or [model] plugin), the kernel backend ([kernels]
+ * backend, threads) and the attention backend ([attention] backend =
+ * auto|mha|...), creates the model and reserves its KV pool and scratch.
+ * rx_engine_step runs one forward pass over several sequences and copies
+ * the logits asked for back to the host.
+ *
+ * KV slots: this runner hands each sequence one contiguous range of slots
+ * (first fit), enough for the CLI and the reference tests; the serving
+ * milestone drives the model plugin with slots from the radix-cache pool
+ * instead (the model ABI takes arbitrary slot lists).
+ *
+ * Ownership: the engine borrows boot (its conf and loader must outlive the
+ * engine) and owns the GGUF mapping, the backend instance and the model.
+ * Thread-safety: one thread drives an engine. */
+#ifndef RX_ENGINE_H
+#define RX_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <radix/err.h>
+#include <radix/model.h>
+
+#include "boot.h"
+#include "gguf.h"
+
+typedef struct rx_engine rx_engine_t;
+
+struct rx_engine_opts {
+    const char *model_path;   /* NULL: [model] path */
+    int64_t     n_slots;      /* KV pool in tokens; 0: min(context length, 4096) */
+    int32_t     max_tokens;   /* most tokens in one step; 0: min(n_slots, 512) */
+};
+
+/* Errors: one line naming the file, plugin or key that is wrong.  Caller
+ * owns the result; release with rx_engine_destroy. */
+rx_engine_t *rx_engine_new (struct rx_boot *boot, const struct rx_engine_opts *o,
+                            struct rx_err *err);
+void rx_engine_destroy (rx_engine_t **self_p);
+
+const struct rx_model_info *rx_engine_info (const rx_engine_t *e);
+/* The open model file (for the tokenizer); owned by the engine. */
+const rx_gguf_t *rx_engine_gguf (const rx_engine_t *e);
+int64_t rx_engine_n_slots (const rx_engine_t *e);
+int32_t rx_engine_max_tokens (const rx_engine_t *e);
+/* "model-llama (llama) on kernels-cpu [device], attn-mha": for logs. */
+const char *rx_engine_describe (const rx_engine_t *e);
+
+/* A sequence with room for `capacity` tokens of KV (contiguous slots).
+ * Returns its id (>= 0), or RX_EAGAIN when no free range is large enough,
+ * RX_EINVAL for capacity < 1. */
+int rx_engine_seq_new (rx_engine_t *e, int32_t capacity, struct rx_err *err);
+/* Frees the sequence's slots.  RX_EINVAL for an unknown id. */
+int rx_engine_seq_free (rx_engine_t *e, int32_t seq);
+/* Tokens stored so far; -1 for an unknown id. */
+int32_t rx_engine_seq_len (const rx_engine_t *e, int32_t seq);
+/* Tokens that still fit (capacity - length); -1 for an unknown id. */
+int32_t rx_engine_seq_room (const rx_engine_t *e, int32_t seq);
+/* Forget the tokens from position len on (len <= length): the next step
+ * overwrites their KV.  Lets a chat keep the prefix it shares with the
+ * re-rendered conversation.  RX_EINVAL for an unknown id or a bad len. */
+int rx_engine_seq_truncate (rx_engine_t *e, int32_t seq, int32_t len);
+
+/* One sequence's part of a step: n_tokens new tokens appended at the end. */
+struct rx_engine_req {
+    int32_t        seq;
+    int32_t        n_tokens;     /* >= 1 */
+    const int32_t *tokens;
+    int            all_logits;   /* 1: logits for every new token; 0: for the last only */
+};
+
+/* Number of logit rows a step with these requests produces. */
+int32_t rx_engine_n_out (const struct rx_engine_req *reqs, int32_t n_req);
+
+/* One forward pass over n_req requests of distinct sequences (a mix of
+ * prefill and decode).  logits: host [n_out][n_vocab] in request order
+ * (rx_engine_n_out rows), or NULL for none.  On success each sequence's
+ * length grows by its n_tokens; on failure nothing changes.  RX_EINVAL when
+ * the tokens do not fit a sequence's capacity or the step exceeds
+ * max_tokens (split it). */
+int rx_engine_step (rx_engine_t *e, const struct rx_engine_req *reqs, int32_t n_req,
+                    float *logits, struct rx_err *err);
+
+/* Lower level: one forward pass over a batch with caller-chosen KV slots,
+ * any slot of the pool (the serving scheduler's path; the sequences above
+ * are neither used nor updated, so do not mix the two on one engine).
+ * b->logits is ignored: the logits of b->out_rows are copied to the host
+ * buffer logits [n_out][n_vocab] (NULL allowed when n_out == 0).  Batch
+ * errors are the model plugin's one-line messages. */
+int rx_engine_forward (rx_engine_t *e, const struct rx_model_batch *b, float *logits,
+                       struct rx_err *err);
+
+#endif

@@ -1,0 +1,197 @@
+/* core/sampling.c -- see sampling.h. */
+#include "config.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sampling.h"
+
+struct rx_sampler {
+    struct rx_sampling p;
+    int32_t n_vocab;
+    uint64_t state;        /* splitmix64 */
+    int32_t *idx;          /* [n_vocab] candidate ids */
+    float *val;            /* [n_vocab] scratch values */
+};
+
+void rx_sampling_defaults (struct rx_sampling *p)
+{
+    p->temperature = 0;
+    p->top_k = 0;
+    p->top_p = 1;
+    p->min_p = 0;
+    p->seed = 0;
+}
+
+rx_sampler_t *rx_sampler_new (const struct rx_sampling *p, int32_t n_vocab, struct rx_err *err)
+{
+    if (n_vocab < 1) {
+        rx_err_set (err, RX_EINVAL, "sampling: vocabulary of %d tokens", n_vocab);
+        return NULL;
+    }
+    if (isnan (p->temperature) || isinf (p->temperature)) {
+        rx_err_set (err, RX_EINVAL, "sampling: temperature must be a finite number");
+        return NULL;
+    }
+    if (p->top_k < 0) {
+        rx_err_set (err, RX_EINVAL, "sampling: top_k %d must be >= 0 (0 = off)", p->top_k);
+        return NULL;
+    }
+    if (!(p->top_p > 0 && p->top_p <= 1)) {
+        rx_err_set (err, RX_EINVAL, "sampling: top_p %g must be in (0, 1]", (double) p->top_p);
+        return NULL;
+    }
+    if (!(p->min_p >= 0 && p->min_p < 1)) {
+        rx_err_set (err, RX_EINVAL, "sampling: min_p %g must be in [0, 1)", (double) p->min_p);
+        return NULL;
+    }
+    rx_sampler_t *s = calloc (1, sizeof *s);
+    if (s) {
+        s->idx = malloc ((size_t) n_vocab * sizeof *s->idx);
+        s->val = malloc ((size_t) n_vocab * sizeof *s->val);
+    }
+    if (!s || !s->idx || !s->val) {
+        rx_sampler_destroy (&s);
+        rx_err_set (err, RX_ENOMEM, "sampling: out of memory");
+        return NULL;
+    }
+    s->p = *p;
+    s->n_vocab = n_vocab;
+    s->state = p->seed;
+    return s;
+}
+
+void rx_sampler_destroy (rx_sampler_t **self_p)
+{
+    if (!self_p || !*self_p) return;
+    free ((*self_p)->idx);
+    free ((*self_p)->val);
+    free (*self_p);
+    *self_p = NULL;
+}
+
+int32_t rx_argmax (const float *x, int32_t n)
+{
+    int32_t best = -1;
+    for (int32_t i = 0; i < n; i++)
+        if (!isnan (x[i]) && (best < 0 || x[i] > x[best]))
+            best = i;
+    return best < 0 ? 0 : best;
+}
+
+static uint64_t s_next (uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in [0, 1) with 53 random bits. */
+static double s_uniform (uint64_t *state)
+{
+    return (double) (s_next (state) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/* Order: larger logit first, then lower id (qsort_r: no shared state). */
+static int s_cmp (const void *a, const void *b, void *ud)
+{
+    const float *l = ud;
+    int32_t i = *(const int32_t *) a, j = *(const int32_t *) b;
+    float x = l[i], y = l[j];
+    if (x > y) return -1;
+    if (x < y) return 1;
+    return (i > j) - (i < j);
+}
+
+static int s_before (const float *l, int32_t i, int32_t j)
+{
+    return l[i] > l[j] || (l[i] == l[j] && i < j);
+}
+
+/* Sift-down for a min-heap (the "worst" candidate on top) of ids by s_before. */
+static void s_sift (const float *l, int32_t *h, int32_t n, int32_t i)
+{
+    for (;;) {
+        int32_t c = 2 * i + 1;
+        if (c >= n) return;
+        if (c + 1 < n && s_before (l, h[c], h[c + 1])) c++;
+        if (!s_before (l, h[i], h[c])) return;
+        int32_t t = h[i]; h[i] = h[c]; h[c] = t;
+        i = c;
+    }
+}
+
+int32_t rx_sampler_sample (rx_sampler_t *s, const float *logits)
+{
+    const int32_t V = s->n_vocab;
+    if (s->p.temperature <= 0 || s->p.top_k == 1)
+        return rx_argmax (logits, V);
+    /* Candidates: finite logits only. */
+    int32_t n = 0;
+    int32_t k = s->p.top_k > 0 && s->p.top_k < V ? s->p.top_k : 0;
+    if (k) {
+        /* Keep the k best in a heap whose root is the worst kept. */
+        for (int32_t i = 0; i < V; i++) {
+            if (!isfinite (logits[i])) continue;
+            if (n < k) {
+                s->idx[n++] = i;
+                if (n == k)
+                    for (int32_t j = k / 2 - 1; j >= 0; j--) s_sift (logits, s->idx, n, j);
+            } else if (s_before (logits, i, s->idx[0])) {
+                s->idx[0] = i;
+                s_sift (logits, s->idx, n, 0);
+            }
+        }
+    } else {
+        for (int32_t i = 0; i < V; i++)
+            if (isfinite (logits[i])) s->idx[n++] = i;
+    }
+    if (n == 0) return 0;
+    /* Sorting is needed only to cut by rank or probability; plain sampling
+     * walks the candidates in id order (deterministic as well). */
+    double mx;
+    if (k || s->p.top_p < 1 || s->p.min_p > 0) {
+        qsort_r (s->idx, (size_t) n, sizeof *s->idx, s_cmp, (void *) logits);
+        mx = logits[s->idx[0]];
+    } else {
+        mx = logits[s->idx[0]];
+        for (int32_t i = 1; i < n; i++)
+            if (logits[s->idx[i]] > mx) mx = logits[s->idx[i]];
+    }
+    /* softmax of logits / T over the candidates */
+    const double inv_t = 1.0 / s->p.temperature;
+    double sum = 0;
+    for (int32_t i = 0; i < n; i++) {
+        double e = exp (((double) logits[s->idx[i]] - mx) * inv_t);
+        s->val[i] = (float) e;
+        sum += e;
+    }
+    int32_t keep = n;
+    if (s->p.top_p < 1) {
+        double acc = 0;
+        for (int32_t i = 0; i < n; i++) {
+            acc += s->val[i] / sum;
+            if (acc >= s->p.top_p) {
+                keep = i + 1;
+                break;
+            }
+        }
+    }
+    if (s->p.min_p > 0) {
+        /* sorted: val[0] is the best (exp(0) = 1). */
+        int32_t j = 1;
+        while (j < keep && s->val[j] >= s->p.min_p * s->val[0]) j++;
+        keep = j;
+    }
+    double tot = 0;
+    for (int32_t i = 0; i < keep; i++) tot += s->val[i];
+    double r = s_uniform (&s->state) * tot;
+    double acc = 0;
+    for (int32_t i = 0; i < keep; i++) {
+        acc += s->val[i];
+        if (r < acc) return s->idx[i];
+    }
+    return s->idx[keep - 1];
+}

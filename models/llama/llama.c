@@ -1,0 +1,680 @@
+/* models/llama/llama.c -- model-llama.so: dense decoder-only transformers of
+ * the Llama family: Llama 2/3, Mistral, TinyLlama, SmolLM2 (arch "llama",
+ * tied embeddings when output.weight is absent) and Qwen2 (arch "qwen2":
+ * QKV bias, NeoX RoPE).
+ *
+ * One layer (pre-norm residual):
+ *     h = rms_norm(x) * attn_norm
+ *     q, k, v = h Wq^T (+bq), h Wk^T (+bk), h Wv^T (+bv);  RoPE on q, k
+ *     x += attention(q, k, v) Wo^T                    (attention plugin)
+ *     h = rms_norm(x) * ffn_norm
+ *     x += (silu(h Wgate^T) * h Wup^T) Wdown^T
+ * then logits = (rms_norm(x) * output_norm) Wout^T for the rows asked for.
+ *
+ * Every computation is a kernel-backend op (radix/kernel.h); this file only
+ * reads hyper-parameters, loads weight handles, checks the batch and keeps
+ * buffers.  Scratch is sized once by reserve(): forward() allocates nothing
+ * (except when a batch's slot lists outgrow their buffer, which doubles). */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <radix/attn.h>
+#include <radix/kernel.h>
+#include <radix/model.h>
+#include <radix/plugin.h>
+
+#define LL_MAX_LAYERS 1024
+#define LL_MAX_DIM    (1 << 20)
+
+enum ll_arch { LL_LLAMA = 0, LL_QWEN2 = 1 };
+
+struct ll_layer {
+    const float *attn_norm, *ffn_norm;          /* device F32 [n_embd] */
+    const float *bq, *bk, *bv;                  /* device F32 biases or NULL */
+    rx_kweight_t *wq, *wk, *wv, *wo;
+    rx_kweight_t *w_gate, *w_up, *w_down;
+};
+
+struct ll_model {
+    const struct rx_host *host;
+    struct rx_kctx k;
+    const struct rx_attn_ops *attn_ops;
+    void *attn;
+    const char *path;
+    char arch[32];
+    enum ll_arch kind;
+
+    /* hyper-parameters */
+    int32_t n_vocab, n_ctx_train, n_layer, n_embd, n_ff;
+    int32_t n_head, n_kv_head, hd_k, hd_v;
+    float eps;
+    struct rx_rope_params rope;
+
+    /* weights */
+    rx_kweight_t *tok_embd, *output;             /* output may be tok_embd (tied) */
+    const float *output_norm;
+    struct ll_layer *layers;
+    rx_kweight_t **owned;                        /* every handle we loaded */
+    size_t n_owned, cap_owned;
+    uint64_t weight_bytes, n_params;
+
+    /* reserve() */
+    uint64_t n_slots;
+    int32_t max_tokens;
+    float *x, *h, *q, *kk, *v, *att, *gate, *up, *hout;  /* device scratch */
+    void *f32_mem;                               /* one allocation for the above */
+    /* int32 staging: host copy and device copy, same layout:
+     * tokens[T] pos[T] new_slots[T] q_start[T+1] kv_start[T+1] kv_slots[cap_slots] */
+    int32_t *ih;
+    int32_t *idev;
+    size_t cap_slots;
+};
+
+/* ------------------------------------------------------------ helpers -- */
+
+static void *s_zalloc (const struct rx_host *h, size_t n)
+{
+    void *p = h->alloc (h, n, 0);
+    if (p) memset (p, 0, n);
+    return p;
+}
+
+static int s_key_u32 (struct ll_model *m, const struct rx_model_src *src, const char *name,
+                      int required, uint32_t dflt, uint32_t *out, struct rx_err *err)
+{
+    char key[128];
+    snprintf (key, sizeof key, "%s.%s", m->arch, name);
+    int rc = src->get_u32 (src, key, out);
+    if (rc == RX_ENOENT && !required) {
+        *out = dflt;
+        return RX_OK;
+    }
+    if (rc == RX_ENOENT)
+        return rx_err_set (err, RX_EFORMAT, "%s: model-llama: missing key %s", src->path, key);
+    if (rc != RX_OK)
+        return rx_err_set (err, RX_EFORMAT, "%s: model-llama: key %s is not an unsigned integer (%s)",
+                           src->path, key, rx_status_name (rc));
+    return RX_OK;
+}
+
+static int s_key_f32 (struct ll_model *m, const struct rx_model_src *src, const char *name,
+                      int required, float dflt, float *out, struct rx_err *err)
+{
+    char key[128];
+    snprintf (key, sizeof key, "%s.%s", m->arch, name);
+    int rc = src->get_f32 (src, key, out);
+    if (rc == RX_ENOENT && !required) {
+        *out = dflt;
+        return RX_OK;
+    }
+    if (rc == RX_ENOENT)
+        return rx_err_set (err, RX_EFORMAT, "%s: model-llama: missing key %s", src->path, key);
+    if (rc != RX_OK || !isfinite (*out))
+        return rx_err_set (err, RX_EFORMAT, "%s: model-llama: key %s is not a finite float",
+                           src->path, key);
+    return RX_OK;
+}
+
+/* Load tensor `name`, check its shape [ne0, ne1] (ne1 = 0: a 1-D tensor).
+ * *w = NULL and RX_OK when optional and absent. */
+static int s_weight (struct ll_model *m, const struct rx_model_src *src, const char *name,
+                     int64_t ne0, int64_t ne1, int optional, rx_kweight_t **w,
+                     struct rx_err *err)
+{
+    *w = NULL;
+    struct rx_weight_view v;
+    memset (&v, 0, sizeof v);
+    int rc = src->tensor (src, name, &v);
+    if (rc == RX_ENOENT && optional) return RX_OK;
+    if (rc == RX_ENOENT)
+        return rx_err_set (err, RX_EFORMAT, "%s: model-llama: missing tensor %s", src->path, name);
+    if (rc != RX_OK)
+        return rx_err_set (err, RX_EFORMAT, "%s: model-llama: cannot read tensor %s (%s)",
+                           src->path, name, rx_status_name (rc));
+    int shape_ok = ne1 == 0 ? (v.ne[0] == (uint64_t) ne0 && v.ne[1] == 1 && v.ne[2] == 1 && v.ne[3] == 1)
+                            : (v.ne[0] == (uint64_t) ne0 && v.ne[1] == (uint64_t) ne1
+                               && v.ne[2] == 1 && v.ne[3] == 1);
+    if (!shape_ok) {
+        if (ne1 == 0)
+            return rx_err_set (err, RX_EFORMAT,
+                               "%s: model-llama: tensor %s has shape [%llu,%llu,%llu], expected [%lld]",
+                               src->path, name, (unsigned long long) v.ne[0],
+                               (unsigned long long) v.ne[1], (unsigned long long) v.ne[2],
+                               (long long) ne0);
+        return rx_err_set (err, RX_EFORMAT,
+                           "%s: model-llama: tensor %s has shape [%llu,%llu,%llu], expected [%lld,%lld]",
+                           src->path, name, (unsigned long long) v.ne[0],
+                           (unsigned long long) v.ne[1], (unsigned long long) v.ne[2],
+                           (long long) ne0, (long long) ne1);
+    }
+    if (m->n_owned == m->cap_owned) {
+        size_t nc = m->cap_owned ? m->cap_owned * 2 : 64;
+        rx_kweight_t **no = s_zalloc (m->host, nc * sizeof *no);
+        if (!no) return rx_err_set (err, RX_ENOMEM, "model-llama: out of memory");
+        if (m->owned) {
+            memcpy (no, m->owned, m->n_owned * sizeof *no);
+            m->host->free_ (m->host, m->owned);
+        }
+        m->owned = no;
+        m->cap_owned = nc;
+    }
+    rc = m->k.ops->weight_load (m->k.be, &v, w, err);
+    if (rc != RX_OK) {
+        char why[RX_ERR_MSG_MAX];
+        snprintf (why, sizeof why, "%s", err ? err->msg : "");
+        *w = NULL;
+        return rx_err_set (err, rc, "%s: model-llama: tensor %s (%s): %s", src->path, name,
+                           rx_dtype_name (v.dtype), why);
+    }
+    m->owned[m->n_owned++] = *w;
+    m->weight_bytes += v.nbytes;
+    m->n_params += v.ne[0] * v.ne[1] * v.ne[2] * v.ne[3];
+    return RX_OK;
+}
+
+/* A 1-D F32 vector (norm weight, bias) as a device pointer. */
+static int s_vector (struct ll_model *m, const struct rx_model_src *src, const char *name,
+                     int64_t n, int optional, const float **out, struct rx_err *err)
+{
+    *out = NULL;
+    rx_kweight_t *w;
+    int rc = s_weight (m, src, name, n, 0, optional, &w, err);
+    if (rc != RX_OK || !w) return rc;
+    struct rx_weight_view v;
+    src->tensor (src, name, &v);
+    if (v.dtype != RX_F32)
+        return rx_err_set (err, RX_ENOTSUP, "%s: model-llama: tensor %s is %s, only f32 is supported for norms and biases",
+                           src->path, name, rx_dtype_name (v.dtype));
+    const void *p;
+    rc = m->k.ops->weight_data (m->k.be, w, &p, err);
+    if (rc != RX_OK) return rc;
+    *out = p;
+    return RX_OK;
+}
+
+/* ------------------------------------------------------------ life cycle -- */
+
+static void s_free_scratch (struct ll_model *m)
+{
+    if (m->f32_mem || m->idev)
+        m->k.ops->synchronize (m->k.be, m->k.stream, NULL);
+    if (m->f32_mem) m->k.ops->free_ (m->k.be, m->f32_mem);
+    if (m->idev) m->k.ops->free_ (m->k.be, m->idev);
+    if (m->ih) m->host->free_ (m->host, m->ih);
+    m->f32_mem = NULL;
+    m->idev = NULL;
+    m->ih = NULL;
+    m->x = m->h = m->q = m->kk = m->v = m->att = m->gate = m->up = m->hout = NULL;
+    m->max_tokens = 0;
+    m->cap_slots = 0;
+}
+
+static void s_destroy (void *p)
+{
+    struct ll_model *m = p;
+    if (!m) return;
+    s_free_scratch (m);
+    if (m->attn) m->attn_ops->destroy (m->attn);
+    for (size_t i = 0; i < m->n_owned; i++)
+        m->k.ops->weight_free (m->k.be, m->owned[i]);
+    if (m->owned) m->host->free_ (m->host, m->owned);
+    if (m->layers) m->host->free_ (m->host, m->layers);
+    m->host->free_ (m->host, m);
+}
+
+static int s_hparams (struct ll_model *m, const struct rx_model_src *src, struct rx_err *err)
+{
+    uint32_t u;
+    int rc;
+    if ((rc = s_key_u32 (m, src, "embedding_length", 1, 0, &u, err))) return rc;
+    m->n_embd = (int32_t) u;
+    if ((rc = s_key_u32 (m, src, "block_count", 1, 0, &u, err))) return rc;
+    m->n_layer = (int32_t) u;
+    if ((rc = s_key_u32 (m, src, "feed_forward_length", 1, 0, &u, err))) return rc;
+    m->n_ff = (int32_t) u;
+    if ((rc = s_key_u32 (m, src, "attention.head_count", 1, 0, &u, err))) return rc;
+    m->n_head = (int32_t) u;
+    if ((rc = s_key_u32 (m, src, "attention.head_count_kv", 0, u, &u, err))) return rc;
+    m->n_kv_head = (int32_t) u;
+    if ((rc = s_key_u32 (m, src, "context_length", 0, 4096, &u, err))) return rc;
+    m->n_ctx_train = u > INT32_MAX ? INT32_MAX : (int32_t) u;
+    uint32_t n_expert = 0;
+    if ((rc = s_key_u32 (m, src, "expert_count", 0, 0, &n_expert, err))) return rc;
+    if (n_expert > 0)
+        return rx_err_set (err, RX_ENOTSUP,
+                           "%s: model-llama: %s.expert_count = %u: mixture-of-experts models are not supported by model-llama",
+                           src->path, m->arch, n_expert);
+    if (m->n_embd <= 0 || m->n_embd > LL_MAX_DIM || m->n_layer <= 0 || m->n_layer > LL_MAX_LAYERS
+        || m->n_ff <= 0 || m->n_ff > LL_MAX_DIM || m->n_head <= 0 || m->n_head > 4096
+        || m->n_kv_head <= 0 || m->n_head % m->n_kv_head != 0)
+        return rx_err_set (err, RX_EFORMAT,
+                           "%s: model-llama: bad hyper-parameters: n_embd %d, %d layers, n_ff %d, %d heads, %d kv heads",
+                           src->path, m->n_embd, m->n_layer, m->n_ff, m->n_head, m->n_kv_head);
+    /* The head dim defaults to n_embd / n_head when key_length is absent. */
+    uint32_t hk, hv;
+    if ((rc = s_key_u32 (m, src, "attention.key_length", 0, 0, &hk, err))) return rc;
+    if (hk == 0 && m->n_embd % m->n_head != 0)
+        return rx_err_set (err, RX_EFORMAT, "%s: model-llama: n_embd %d is not a multiple of %d heads and %s.attention.key_length is not set",
+                           src->path, m->n_embd, m->n_head, m->arch);
+    if (hk == 0) hk = (uint32_t) (m->n_embd / m->n_head);
+    if ((rc = s_key_u32 (m, src, "attention.value_length", 0, hk, &hv, err))) return rc;
+    if (hk == 0 || hk > 4096 || hv == 0 || hv > 4096)
+        return rx_err_set (err, RX_EFORMAT, "%s: model-llama: bad head dims %u/%u", src->path, hk, hv);
+    m->hd_k = (int32_t) hk;
+    m->hd_v = (int32_t) hv;
+    if ((rc = s_key_f32 (m, src, "attention.layer_norm_rms_epsilon", 1, 0, &m->eps, err))) return rc;
+    if (!(m->eps > 0))
+        return rx_err_set (err, RX_EFORMAT, "%s: model-llama: %s.attention.layer_norm_rms_epsilon must be > 0",
+                           src->path, m->arch);
+
+    /* RoPE */
+    struct rx_rope_params *r = &m->rope;
+    memset (r, 0, sizeof *r);
+    r->struct_size = sizeof *r;
+    r->mode = m->kind == LL_QWEN2 ? RX_ROPE_NEOX : RX_ROPE_NORMAL;
+    if ((rc = s_key_u32 (m, src, "rope.dimension_count", 0, hk, &u, err))) return rc;
+    if (u == 0 || u > hk || u % 2)
+        return rx_err_set (err, RX_EFORMAT, "%s: model-llama: %s.rope.dimension_count %u must be even and <= head dim %u",
+                           src->path, m->arch, u, hk);
+    r->n_rot = (int32_t) u;
+    if ((rc = s_key_f32 (m, src, "rope.freq_base", 0, 10000.0f, &r->freq_base, err))) return rc;
+    if (!(r->freq_base > 0))
+        return rx_err_set (err, RX_EFORMAT, "%s: model-llama: rope.freq_base must be > 0", src->path);
+    r->freq_scale = 1.0f;
+    r->ext_factor = 0.0f;
+    r->attn_factor = 1.0f;
+    r->beta_fast = 32.0f;
+    r->beta_slow = 1.0f;
+    r->n_ctx_orig = m->n_ctx_train;
+    char key[128];
+    const char *stype = NULL;
+    size_t stlen = 0;
+    snprintf (key, sizeof key, "%s.rope.scaling.type", m->arch);
+    rc = src->get_str (src, key, &stype, &stlen);
+    if (rc != RX_OK && rc != RX_ENOENT)
+        return rx_err_set (err, RX_EFORMAT, "%s: model-llama: %s is not a string", src->path, key);
+    /* As llama.cpp: the type defaults to linear, and the factor (or the
+     * older rope.scale_linear) scales frequencies whatever the type. */
+    float factor = 0;
+    if ((rc = s_key_f32 (m, src, "rope.scaling.factor", 0, 0.0f, &factor, err))) return rc;
+    if (factor == 0 && (rc = s_key_f32 (m, src, "rope.scale_linear", 0, 0.0f, &factor, err))) return rc;
+    if (factor < 0)
+        return rx_err_set (err, RX_EFORMAT, "%s: model-llama: rope scaling factor %g < 0", src->path,
+                           (double) factor);
+    r->freq_scale = factor == 0 ? 1.0f : 1.0f / factor;
+    int is_yarn = stype && stlen == 4 && memcmp (stype, "yarn", 4) == 0;
+    if (stype && !is_yarn && !(stlen == 4 && memcmp (stype, "none", 4) == 0)
+        && !(stlen == 6 && memcmp (stype, "linear", 6) == 0))
+        return rx_err_set (err, RX_ENOTSUP, "%s: model-llama: rope scaling type \"%.*s\" is not supported (none, linear, yarn)",
+                           src->path, (int) (stlen > 32 ? 32 : stlen), stype);
+    if ((rc = s_key_u32 (m, src, "rope.scaling.original_context_length", 0,
+                         (uint32_t) m->n_ctx_train, &u, err))) return rc;
+    r->n_ctx_orig = (int32_t) (u > INT32_MAX ? INT32_MAX : u);
+    if (is_yarn) {
+        /* llama.cpp's defaults with YaRN: ext_factor 1, beta 32/1. */
+        r->ext_factor = 1.0f;
+        if ((rc = s_key_f32 (m, src, "rope.scaling.attn_factor", 0, 1.0f, &r->attn_factor, err))) return rc;
+    }
+    return RX_OK;
+}
+
+static int s_weights (struct ll_model *m, const struct rx_model_src *src, struct rx_err *err)
+{
+    int rc;
+    struct rx_weight_view tv;
+    memset (&tv, 0, sizeof tv);
+    rc = src->tensor (src, "token_embd.weight", &tv);
+    if (rc != RX_OK)
+        return rx_err_set (err, RX_EFORMAT, "%s: model-llama: missing tensor token_embd.weight", src->path);
+    if (tv.ne[1] == 0 || tv.ne[1] > INT32_MAX)
+        return rx_err_set (err, RX_EFORMAT, "%s: model-llama: token_embd.weight has %llu rows",
+                           src->path, (unsigned long long) tv.ne[1]);
+    m->n_vocab = (int32_t) tv.ne[1];
+    uint32_t nv;
+    if ((rc = s_key_u32 (m, src, "vocab_size", 0, (uint32_t) m->n_vocab, &nv, err))) return rc;
+    if ((int64_t) nv != m->n_vocab)
+        return rx_err_set (err, RX_EFORMAT, "%s: model-llama: %s.vocab_size %u but token_embd.weight has %d rows",
+                           src->path, m->arch, nv, m->n_vocab);
+    struct rx_weight_view rf;
+    if (src->tensor (src, "rope_freqs.weight", &rf) == RX_OK)
+        /* Llama 3.1+ long-context RoPE needs per-dimension frequency factors,
+         * which the kernel rope op (radix/kernel.h 1.0) does not take yet. */
+        return rx_err_set (err, RX_ENOTSUP,
+                           "%s: model-llama: rope_freqs.weight (Llama 3.1 RoPE frequency factors) is not supported yet",
+                           src->path);
+
+    if ((rc = s_weight (m, src, "token_embd.weight", m->n_embd, m->n_vocab, 0, &m->tok_embd, err))) return rc;
+    if ((rc = s_vector (m, src, "output_norm.weight", m->n_embd, 0, &m->output_norm, err))) return rc;
+    if ((rc = s_weight (m, src, "output.weight", m->n_embd, m->n_vocab, 1, &m->output, err))) return rc;
+    if (!m->output) m->output = m->tok_embd;   /* tied embeddings (SmolLM2, TinyLlama variants) */
+
+    m->layers = s_zalloc (m->host, (size_t) m->n_layer * sizeof *m->layers);
+    if (!m->layers) return rx_err_set (err, RX_ENOMEM, "model-llama: out of memory");
+    const int64_t nq = (int64_t) m->n_head * m->hd_k, nk = (int64_t) m->n_kv_head * m->hd_k,
+                  nv_ = (int64_t) m->n_kv_head * m->hd_v, no = (int64_t) m->n_head * m->hd_v;
+    const int bias = m->kind == LL_QWEN2;   /* qwen2 has QKV biases; llama files may too */
+    for (int32_t l = 0; l < m->n_layer; l++) {
+        struct ll_layer *L = &m->layers[l];
+        char n[96];
+#define LL_NAME(suffix) (snprintf (n, sizeof n, "blk.%d." suffix, (int) l), n)
+        if ((rc = s_vector (m, src, LL_NAME ("attn_norm.weight"), m->n_embd, 0, &L->attn_norm, err))) return rc;
+        if ((rc = s_weight (m, src, LL_NAME ("attn_q.weight"), m->n_embd, nq, 0, &L->wq, err))) return rc;
+        if ((rc = s_weight (m, src, LL_NAME ("attn_k.weight"), m->n_embd, nk, 0, &L->wk, err))) return rc;
+        if ((rc = s_weight (m, src, LL_NAME ("attn_v.weight"), m->n_embd, nv_, 0, &L->wv, err))) return rc;
+        if ((rc = s_vector (m, src, LL_NAME ("attn_q.bias"), nq, !bias, &L->bq, err))) return rc;
+        if ((rc = s_vector (m, src, LL_NAME ("attn_k.bias"), nk, !bias, &L->bk, err))) return rc;
+        if ((rc = s_vector (m, src, LL_NAME ("attn_v.bias"), nv_, !bias, &L->bv, err))) return rc;
+        if ((rc = s_weight (m, src, LL_NAME ("attn_output.weight"), no, m->n_embd, 0, &L->wo, err))) return rc;
+        if ((rc = s_vector (m, src, LL_NAME ("ffn_norm.weight"), m->n_embd, 0, &L->ffn_norm, err))) return rc;
+        if ((rc = s_weight (m, src, LL_NAME ("ffn_gate.weight"), m->n_embd, m->n_ff, 0, &L->w_gate, err))) return rc;
+        if ((rc = s_weight (m, src, LL_NAME ("ffn_up.weight"), m->n_embd, m->n_ff, 0, &L->w_up, err))) return rc;
+        if ((rc = s_weight (m, src, LL_NAME ("ffn_down.weight"), m->n_ff, m->n_embd, 0, &L->w_down, err))) return rc;
+#undef LL_NAME
+    }
+    return RX_OK;
+}
+
+static int s_create (const struct rx_host *host, const struct rx_model_src *src,
+                     const struct rx_model_env *env, void **out, struct rx_err *err)
+{
+    *out = NULL;
+    if (!host || !src || !env || !env->k.ops || !env->attn)
+        return rx_err_set (err, RX_EINVAL, "model-llama: create: NULL host, source, kernels or attention");
+    if (src->struct_size < offsetof (struct rx_model_src, tensor) + sizeof src->tensor
+        || env->struct_size < offsetof (struct rx_model_env, n_rank) + sizeof env->n_rank)
+        return rx_err_set (err, RX_EABI, "model-llama: create: source or environment struct too short");
+    if (env->n_rank != 1 || env->rank != 0)
+        return rx_err_set (err, RX_ENOTSUP, "model-llama: tensor parallelism (rank %d of %d) is not supported yet",
+                           env->rank, env->n_rank);
+    const char *arch;
+    size_t alen;
+    if (src->get_str (src, "general.architecture", &arch, &alen) != RX_OK)
+        return rx_err_set (err, RX_EFORMAT, "%s: model-llama: missing general.architecture", src->path);
+    enum ll_arch kind;
+    if (alen == 5 && memcmp (arch, "llama", 5) == 0) kind = LL_LLAMA;
+    else if (alen == 5 && memcmp (arch, "qwen2", 5) == 0) kind = LL_QWEN2;
+    else
+        return rx_err_set (err, RX_ENOTSUP, "%s: model-llama: architecture \"%.*s\" is not handled (llama, qwen2)",
+                           src->path, (int) (alen > 32 ? 32 : alen), arch);
+
+    struct ll_model *m = s_zalloc (host, sizeof *m);
+    if (!m) return rx_err_set (err, RX_ENOMEM, "model-llama: out of memory");
+    m->host = host;
+    m->k = env->k;
+    m->attn_ops = env->attn;
+    m->path = src->path;
+    m->kind = kind;
+    memcpy (m->arch, arch, alen);
+    int rc = s_hparams (m, src, err);
+    if (rc == RX_OK) rc = s_weights (m, src, err);
+    if (rc == RX_OK) {
+        struct rx_attn_config c = {
+            .struct_size = sizeof c, .kv_kind = RX_ATTN_KV_HEADS, .n_layer = m->n_layer,
+            .n_head = m->n_head, .n_kv_head = m->n_kv_head, .hd_k = m->hd_k, .hd_v = m->hd_v,
+            .kv_dtype = env->kv_dtype, .scale = 1.0f / sqrtf ((float) m->hd_k),
+            .softcap = 0, .window = 0,
+        };
+        rc = env->attn->create (env->attn_host ? env->attn_host : host, &m->k, &c, &m->attn, err);
+    }
+    if (rc != RX_OK) {
+        s_destroy (m);
+        return rc;
+    }
+    RX_HLOG (host, RX_LOG_DEBUG,
+             "%s: %s, %d layers, n_embd %d, n_ff %d, heads %d/%d, head dim %d, vocab %d, rope %s n_rot %d base %g scale %g, %s embeddings",
+             src->path, m->arch, m->n_layer, m->n_embd, m->n_ff, m->n_head, m->n_kv_head, m->hd_k,
+             m->n_vocab, m->rope.mode == RX_ROPE_NEOX ? "neox" : "normal", m->rope.n_rot,
+             (double) m->rope.freq_base, (double) m->rope.freq_scale,
+             m->output == m->tok_embd ? "tied" : "separate");
+    *out = m;
+    return RX_OK;
+}
+
+static int s_info (void *p, struct rx_model_info *info)
+{
+    struct ll_model *m = p;
+    struct rx_model_info i = {
+        .struct_size = info->struct_size, .arch = m->arch, .n_vocab = m->n_vocab,
+        .n_ctx_train = m->n_ctx_train, .n_layer = m->n_layer, .n_embd = m->n_embd,
+        .n_head = m->n_head, .n_kv_head = m->n_kv_head,
+        .kv_bytes_per_token = m->attn_ops->kv_bytes_per_token (m->attn),
+        .weight_bytes = m->weight_bytes, .n_params = m->n_params,
+    };
+    size_t n = info->struct_size < sizeof i ? info->struct_size : sizeof i;
+    memcpy (info, &i, n);
+    return RX_OK;
+}
+
+/* Lay out the int32 staging area for cap_slots KV slot entries. */
+static size_t s_int_count (int32_t T, size_t cap_slots)
+{
+    return 3 * (size_t) T + 2 * ((size_t) T + 1) + cap_slots;
+}
+
+static int s_alloc_ints (struct ll_model *m, size_t cap_slots, struct rx_err *err)
+{
+    size_t n = s_int_count (m->max_tokens, cap_slots);
+    if (m->idev) {
+        m->k.ops->synchronize (m->k.be, m->k.stream, NULL);
+        m->k.ops->free_ (m->k.be, m->idev);
+        m->idev = NULL;
+    }
+    if (m->ih) {
+        m->host->free_ (m->host, m->ih);
+        m->ih = NULL;
+    }
+    m->cap_slots = 0;
+    void *d;
+    int rc = m->k.ops->alloc (m->k.be, n * sizeof (int32_t), 0, &d, err);
+    if (rc != RX_OK) return rc;
+    m->idev = d;
+    m->ih = m->host->alloc (m->host, n * sizeof (int32_t), 64);
+    if (!m->ih) return rx_err_set (err, RX_ENOMEM, "model-llama: out of memory (staging)");
+    m->cap_slots = cap_slots;
+    return RX_OK;
+}
+
+static int s_reserve (void *p, uint64_t n_slots, int32_t max_tokens, struct rx_err *err)
+{
+    struct ll_model *m = p;
+    if (n_slots == 0 || n_slots > INT32_MAX || max_tokens <= 0 || max_tokens > (1 << 24))
+        return rx_err_set (err, RX_EINVAL, "model-llama: reserve: %llu slots (1 .. %d), %d tokens per step (1 .. %d)",
+                           (unsigned long long) n_slots, INT32_MAX, max_tokens, 1 << 24);
+    s_free_scratch (m);
+    m->n_slots = 0;
+    int rc = m->attn_ops->kv_alloc (m->attn, n_slots, err);
+    if (rc != RX_OK) return rc;
+    const size_t T = (size_t) max_tokens;
+    const size_t qd = (size_t) m->n_head * m->hd_k, kd = (size_t) m->n_kv_head * m->hd_k,
+                 vd = (size_t) m->n_kv_head * m->hd_v, od = (size_t) m->n_head * m->hd_v;
+    /* Each buffer rounded to 16 floats (64 bytes) so every one is aligned. */
+#define LL_R(n) (((n) + 15) & ~(size_t) 15)
+    size_t sizes[9] = { LL_R (T * m->n_embd), LL_R (T * m->n_embd), LL_R (T * qd), LL_R (T * kd),
+                        LL_R (T * vd), LL_R (T * od), LL_R (T * m->n_ff), LL_R (T * m->n_ff),
+                        LL_R (T * m->n_embd) };
+#undef LL_R
+    size_t total = 0;
+    for (int i = 0; i < 9; i++) total += sizes[i];
+    void *mem;
+    rc = m->k.ops->alloc (m->k.be, total * sizeof (float), 64, &mem, err);
+    if (rc != RX_OK)
+        return rx_err_set (err, rc, "model-llama: cannot allocate %.1f MiB of activations for %d tokens per step",
+                           (double) total * 4 / (1024.0 * 1024.0), max_tokens);
+    m->f32_mem = mem;
+    float *f = mem;
+    float **bufs[9] = { &m->x, &m->h, &m->q, &m->kk, &m->v, &m->att, &m->gate, &m->up, &m->hout };
+    for (int i = 0; i < 9; i++) {
+        *bufs[i] = f;
+        f += sizes[i];
+    }
+    m->max_tokens = max_tokens;
+    size_t cap = (size_t) n_slots + T;
+    rc = s_alloc_ints (m, cap, err);
+    if (rc != RX_OK) {
+        s_free_scratch (m);
+        return rc;
+    }
+    m->n_slots = n_slots;
+    return RX_OK;
+}
+
+/* ---------------------------------------------------------------- forward -- */
+
+static int s_check_batch (const struct ll_model *m, const struct rx_model_batch *b,
+                          struct rx_err *err)
+{
+    if (!b || b->struct_size < offsetof (struct rx_model_batch, logits) + sizeof b->logits)
+        return rx_err_set (err, RX_EINVAL, "model-llama: forward: NULL or short batch");
+    if (m->max_tokens == 0)
+        return rx_err_set (err, RX_EINVAL, "model-llama: forward before reserve()");
+    const int32_t n = b->n_tokens;
+    if (n <= 0 || n > m->max_tokens)
+        return rx_err_set (err, RX_EINVAL, "model-llama: forward: %d tokens (1 .. %d reserved)", n,
+                           m->max_tokens);
+    if (b->n_seq <= 0 || b->n_seq > n)
+        return rx_err_set (err, RX_EINVAL, "model-llama: forward: %d sequences for %d tokens", b->n_seq, n);
+    if (!b->tokens || !b->pos || !b->q_start || !b->kv_start || !b->kv_slots)
+        return rx_err_set (err, RX_EINVAL, "model-llama: forward: NULL tokens, pos, q_start, kv_start or kv_slots");
+    if (b->n_out < 0 || b->n_out > n || (b->n_out > 0 && (!b->out_rows || !b->logits)))
+        return rx_err_set (err, RX_EINVAL, "model-llama: forward: %d output rows for %d tokens (or NULL rows/logits)",
+                           b->n_out, n);
+    if (b->q_start[0] != 0 || b->q_start[b->n_seq] != n || b->kv_start[0] != 0)
+        return rx_err_set (err, RX_EINVAL, "model-llama: forward: q_start must run 0 .. %d and kv_start start at 0", n);
+    for (int32_t s = 0; s < b->n_seq; s++) {
+        int32_t q0 = b->q_start[s], q1 = b->q_start[s + 1];
+        int32_t k0 = b->kv_start[s], k1 = b->kv_start[s + 1];
+        if (q1 <= q0)
+            return rx_err_set (err, RX_EINVAL, "model-llama: forward: sequence %d has no tokens (q_start %d .. %d)",
+                               s, q0, q1);
+        if (k1 < k0 || (int64_t) (k1 - k0) < (int64_t) (q1 - q0))
+            return rx_err_set (err, RX_EINVAL, "model-llama: forward: sequence %d: %d KV slots for %d new tokens",
+                               s, k1 - k0, q1 - q0);
+        for (int32_t t = q0; t < q1; t++) {
+            if (b->tokens[t] < 0 || b->tokens[t] >= m->n_vocab)
+                return rx_err_set (err, RX_EINVAL, "model-llama: forward: token %d at row %d out of vocabulary (0 .. %d)",
+                                   b->tokens[t], t, m->n_vocab - 1);
+            if (b->pos[t] < 0 || b->pos[t] >= k1 - k0 || (t > q0 && b->pos[t] <= b->pos[t - 1]))
+                return rx_err_set (err, RX_EINVAL,
+                                   "model-llama: forward: row %d position %d: positions must increase within a sequence and stay below its KV length %d",
+                                   t, b->pos[t], k1 - k0);
+        }
+    }
+    int64_t total = b->kv_start[b->n_seq];
+    for (int64_t i = 0; i < total; i++)
+        if (b->kv_slots[i] < 0 || (uint64_t) b->kv_slots[i] >= m->n_slots)
+            return rx_err_set (err, RX_EINVAL, "model-llama: forward: KV slot %d at %lld out of 0 .. %llu",
+                               b->kv_slots[i], (long long) i, (unsigned long long) m->n_slots - 1);
+    for (int32_t j = 0; j < b->n_out; j++)
+        if (b->out_rows[j] < 0 || b->out_rows[j] >= n || (j > 0 && b->out_rows[j] <= b->out_rows[j - 1]))
+            return rx_err_set (err, RX_EINVAL, "model-llama: forward: output row %d (%d) must increase within 0 .. %d",
+                               j, b->out_rows[j], n - 1);
+    return RX_OK;
+}
+
+#define LL_TRY(expr) do { int rc_ = (expr); if (rc_ != RX_OK) return rc_; } while (0)
+
+static int s_forward (void *p, const struct rx_model_batch *b, struct rx_err *err)
+{
+    struct ll_model *m = p;
+    LL_TRY (s_check_batch (m, b, err));
+    const struct rx_kernels_ops *K = m->k.ops;
+    void *be = m->k.be;
+    rx_kstream_t *st = m->k.stream;
+    const int32_t n = b->n_tokens, T = m->max_tokens;
+    const size_t total = (size_t) b->kv_start[b->n_seq];
+    if (total > m->cap_slots) {
+        size_t cap = m->cap_slots * 2 > total ? m->cap_slots * 2 : total;
+        LL_TRY (s_alloc_ints (m, cap, err));
+    }
+
+    /* Stage every index array in one host block, upload it at once. */
+    int32_t *h_tok = m->ih, *h_pos = h_tok + T, *h_new = h_pos + T, *h_qs = h_new + T,
+            *h_ks = h_qs + T + 1, *h_slots = h_ks + T + 1;
+    memcpy (h_tok, b->tokens, (size_t) n * sizeof *h_tok);
+    memcpy (h_pos, b->pos, (size_t) n * sizeof *h_pos);
+    memcpy (h_qs, b->q_start, ((size_t) b->n_seq + 1) * sizeof *h_qs);
+    memcpy (h_ks, b->kv_start, ((size_t) b->n_seq + 1) * sizeof *h_ks);
+    memcpy (h_slots, b->kv_slots, total * sizeof *h_slots);
+    for (int32_t s = 0; s < b->n_seq; s++)
+        for (int32_t t = b->q_start[s]; t < b->q_start[s + 1]; t++)
+            h_new[t] = b->kv_slots[b->kv_start[s] + b->pos[t]];
+    size_t bytes = (size_t) ((h_slots + total) - h_tok) * sizeof (int32_t);
+    LL_TRY (K->copy_h2d (be, st, m->idev, m->ih, bytes, err));
+    const int32_t *d_tok = m->idev, *d_pos = d_tok + T, *d_new = d_pos + T, *d_qs = d_new + T,
+                  *d_ks = d_qs + T + 1, *d_slots = d_ks + T + 1;
+
+    const struct rx_attn_batch ab = {
+        .n_seq = b->n_seq, .n_tokens = n, .q_start = d_qs, .kv_start = d_ks,
+        .slots = d_slots, .q_pos = d_pos,
+    };
+    if (RX_HAS (struct rx_attn_ops, m->attn_ops, prepare))
+        LL_TRY (m->attn_ops->prepare (m->attn, &ab, err));
+
+    const size_t E = (size_t) m->n_embd, F = (size_t) m->n_ff;
+    const size_t qd = (size_t) m->n_head * m->hd_k, kd = (size_t) m->n_kv_head * m->hd_k,
+                 vd = (size_t) m->n_kv_head * m->hd_v, od = (size_t) m->n_head * m->hd_v;
+    const size_t nn = (size_t) n;
+
+    LL_TRY (K->get_rows (be, st, m->tok_embd, d_tok, nn, m->x, E, err));
+    for (int32_t l = 0; l < m->n_layer; l++) {
+        const struct ll_layer *L = &m->layers[l];
+        LL_TRY (K->rms_norm (be, st, m->x, E, L->attn_norm, m->h, E, nn, E, m->eps, err));
+        LL_TRY (K->matmul (be, st, L->wq, -1, m->h, E, m->q, qd, nn, 0, err));
+        LL_TRY (K->matmul (be, st, L->wk, -1, m->h, E, m->kk, kd, nn, 0, err));
+        LL_TRY (K->matmul (be, st, L->wv, -1, m->h, E, m->v, vd, nn, 0, err));
+        if (L->bq) LL_TRY (K->add (be, st, m->q, qd, L->bq, 0, m->q, qd, nn, qd, err));
+        if (L->bk) LL_TRY (K->add (be, st, m->kk, kd, L->bk, 0, m->kk, kd, nn, kd, err));
+        if (L->bv) LL_TRY (K->add (be, st, m->v, vd, L->bv, 0, m->v, vd, nn, vd, err));
+        LL_TRY (K->rope (be, st, m->q, qd, nn, (size_t) m->n_head, (size_t) m->hd_k, d_pos,
+                         &m->rope, err));
+        LL_TRY (K->rope (be, st, m->kk, kd, nn, (size_t) m->n_kv_head, (size_t) m->hd_k, d_pos,
+                         &m->rope, err));
+        const struct rx_attn_io io = {
+            .struct_size = sizeof io, .q = m->q, .ldq = qd, .k = m->kk, .ldk = kd,
+            .v = m->v, .ldv = vd, .out = m->att, .ldo = od,
+        };
+        LL_TRY (m->attn_ops->forward (m->attn, l, &ab, d_new, &io, err));
+        LL_TRY (K->matmul (be, st, L->wo, -1, m->att, od, m->x, E, nn, RX_MM_ACCUMULATE, err));
+        LL_TRY (K->rms_norm (be, st, m->x, E, L->ffn_norm, m->h, E, nn, E, m->eps, err));
+        LL_TRY (K->matmul (be, st, L->w_gate, -1, m->h, E, m->gate, F, nn, 0, err));
+        LL_TRY (K->matmul (be, st, L->w_up, -1, m->h, E, m->up, F, nn, 0, err));
+        LL_TRY (K->swiglu (be, st, m->gate, F, m->up, F, m->gate, F, nn, F, err));
+        LL_TRY (K->matmul (be, st, L->w_down, -1, m->gate, F, m->x, E, nn, RX_MM_ACCUMULATE, err));
+    }
+    if (b->n_out == 0) return RX_OK;
+
+    /* Gather the rows asked for (runs of consecutive rows in one copy). */
+    const float *src = m->x;
+    if (b->n_out != n) {
+        for (int32_t j = 0; j < b->n_out;) {
+            int32_t r0 = b->out_rows[j], len = 1;
+            while (j + len < b->n_out && b->out_rows[j + len] == r0 + len) len++;
+            LL_TRY (K->copy2d (be, st, m->x + (size_t) r0 * E, E, m->hout + (size_t) j * E, E,
+                               (size_t) len, E, err));
+            j += len;
+        }
+        src = m->hout;
+    }
+    LL_TRY (K->rms_norm (be, st, src, E, m->output_norm, m->hout, E, (size_t) b->n_out, E, m->eps, err));
+    return K->matmul (be, st, m->output, -1, m->hout, E, b->logits, (size_t) m->n_vocab,
+                      (size_t) b->n_out, 0, err);
+}
+
+static const char *const s_archs[] = { "llama", "qwen2", NULL };
+
+static const struct rx_model_ops s_ops = {
+    .struct_size = sizeof (struct rx_model_ops),
+    .architectures = s_archs,
+    .default_attention = NULL,   /* "mha" */
+    .create = s_create,
+    .destroy = s_destroy,
+    .info = s_info,
+    .reserve = s_reserve,
+    .forward = s_forward,
+};
+
+RX_PLUGIN_DEFINE (.kind = RX_KIND_MODEL, .name = "llama", .version = "0.1.0",
+                  .description = "Llama-family dense transformers: Llama 2/3, Mistral, TinyLlama, SmolLM2, Qwen2",
+                  .ops = &s_ops)
