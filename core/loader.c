@@ -12,6 +12,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <radix/attn.h>
+#include <radix/kernel.h>
+#include <radix/model.h>
 #include <radix/policy.h>
 
 #include "host.h"
@@ -47,8 +50,10 @@ struct kind_info {
 
 /* Kinds whose ops header has not landed yet need only the size word. */
 static const struct kind_info s_kinds[RX_KIND_COUNT_] = {
-    [RX_KIND_KERNELS]      = { "kernels",   "kernels", "kernel backend",     sizeof (uint32_t) },
-    [RX_KIND_ATTENTION]    = { "attention", "attn",    "attention backend",  sizeof (uint32_t) },
+    [RX_KIND_KERNELS]      = { "kernels",   "kernels", "kernel backend",
+                               RX_KERNELS_OPS_SIZE_1_0 },
+    [RX_KIND_ATTENTION]    = { "attention", "attn",    "attention backend",
+                               RX_ATTN_OPS_SIZE_1_0 },
     [RX_KIND_LAYOUT]       = { "layout",    "layout",  "parallel layout",    sizeof (uint32_t) },
     [RX_KIND_MOE]          = { "moe",       "moe",     "MoE dispatcher",     sizeof (uint32_t) },
     [RX_KIND_COMM]         = { "comm",      "comm",    "comm backend",       sizeof (uint32_t) },
@@ -56,7 +61,8 @@ static const struct kind_info s_kinds[RX_KIND_COUNT_] = {
     [RX_KIND_SCHED_POLICY] = { "scheduler", "sched",   "schedule policy",
                                RX_SCHED_POLICY_OPS_SIZE_1_0 },
     [RX_KIND_ROUTE_POLICY] = { "router",    "route",   "route policy",       sizeof (uint32_t) },
-    [RX_KIND_MODEL]        = { "model",     "model",   "model architecture", sizeof (uint32_t) },
+    [RX_KIND_MODEL]        = { "model",     "model",   "model architecture",
+                               RX_MODEL_OPS_SIZE_1_0 },
 };
 
 static const struct kind_info *s_kind (int kind)
@@ -243,6 +249,11 @@ static int s_check_desc (const char *path, const struct rx_plugin_desc *d, int e
     if (d->kind == RX_KIND_SCHED_POLICY && !((const struct rx_sched_policy_ops *) ops)->prioritize)
         return rx_err_set (err, RX_EABI, "%s: schedule policy has no prioritize() " ABI_FMT,
                            path, ABI_ARGS (d));
+    if (d->kind == RX_KIND_KERNELS && (!((const struct rx_kernels_ops *) ops)->create ||
+                                       !((const struct rx_kernels_ops *) ops)->destroy ||
+                                       !((const struct rx_kernels_ops *) ops)->matmul))
+        return rx_err_set (err, RX_EABI, "%s: kernel backend lacks create(), destroy() or "
+                           "matmul() " ABI_FMT, path, ABI_ARGS (d));
     char owner[PATH_MAX + 8];
     snprintf (owner, sizeof owner, "%s", path);
     return rx_cfg_keys_check (d->keys, owner, err);

@@ -25,6 +25,24 @@ static const struct rx_cfg_key s_kernels[] = {
     { NULL, 0, NULL, NULL, 0, 0, NULL }
 };
 
+static const struct rx_cfg_key s_model[] = {
+    { "path", RX_CFG_PATH, NULL, "the model's GGUF file (radix generate --model overrides it)",
+      0, 0, NULL },
+    { "plugin", RX_CFG_STRING, "auto",
+      "model plugin (model-<plugin>.so); auto = the one whose architectures list has the file's general.architecture",
+      0, 0, NULL },
+    { NULL, 0, NULL, NULL, 0, 0, NULL }
+};
+
+static const struct rx_cfg_key s_attention[] = {
+    { "backend", RX_CFG_STRING, "auto",
+      "attention plugin (attn-<backend>.so): mha, mla; auto = what the model plugin asks for (mha for dense models)",
+      0, 0, NULL },
+    { "kv_dtype", RX_CFG_ENUM, "f32", "element type of the KV cache (f16 needs kernel support)", 0, 0,
+      "f32|f16" },
+    { NULL, 0, NULL, NULL, 0, 0, NULL }
+};
+
 static const struct rx_cfg_key s_scheduler[] = {
     { "policy", RX_CFG_STRING, "fcfs",
       "schedule policy plugin (sched-<policy>.so): fcfs, lpm, random", 0, 0, NULL },
@@ -36,6 +54,9 @@ static const struct rx_conf_section s_schema[] = {
     { "plugins", "where plugins are found", s_plugins, 0 },
     { "kernels", "compute kernels; [kernels.<backend>] configures one backend", s_kernels,
       RX_KIND_KERNELS },
+    { "model", "the model; [model.<plugin>] configures one model plugin", s_model, RX_KIND_MODEL },
+    { "attention", "attention backend and KV cache; [attention.<backend>] configures one backend",
+      s_attention, RX_KIND_ATTENTION },
     { "scheduler", "request scheduling; [scheduler.<policy>] configures one policy", s_scheduler,
       RX_KIND_SCHED_POLICY },
     { NULL, NULL, NULL, 0 }

@@ -13,6 +13,7 @@
 
 #include "boot.h"
 #include "log.h"
+#include "commands.h"
 #include "plugininfo.h"
 
 static int s_cmd_version (int argc, char **argv)
@@ -50,6 +51,10 @@ static const struct {
     const char *help;
 } s_cmds[] = {
     { "plugins", s_cmd_plugins, "list plugins found in the plugin path [--config FILE]" },
+    { "gguf-gen", rx_cmd_gguf_gen, "write a random-weight model GGUF (--arch llama --preset tiny ...)" },
+    { "tokenize", rx_cmd_tokenize, "print the token ids of a text or chat (--model F.gguf --text ...)" },
+    { "generate", rx_cmd_generate, "continue a prompt with a model (--model F.gguf --prompt ... [--ids])" },
+    { "chat", rx_cmd_chat, "chat with a model using its chat template (--model F.gguf)" },
     { "version", s_cmd_version, "print version and plugin ABI" },
 };
 
