@@ -180,7 +180,7 @@ static void s_usage (FILE *f)
 {
     fprintf (f,
              "usage: radix chat --model FILE.gguf [--system TEXT] [--template FAMILY] [--prompt TEXT]\n"
-             "                  [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
+             "                  [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--min-p M] [--seed S]\n"
              "                  [--threads N] [--ctx N] [--config FILE]\n"
              "  one user message per input line; /reset starts over, /exit quits.\n"
              "  FAMILY overrides the model's template: chatml, llama2, llama3, mistral,\n"
@@ -198,6 +198,7 @@ int rx_cmd_chat (int argc, char **argv)
         { "temperature", required_argument, NULL, 't' },
         { "top-k", required_argument, NULL, 'k' },
         { "top-p", required_argument, NULL, 'P' },
+        { "min-p", required_argument, NULL, 'M' },
         { "seed", required_argument, NULL, 's' },
         { "threads", required_argument, NULL, 'j' },
         { "ctx", required_argument, NULL, 'C' },
@@ -208,12 +209,14 @@ int rx_cmd_chat (int argc, char **argv)
     const char *model = NULL, *config = NULL, *threads = NULL, *system = NULL, *family = NULL,
                *one = NULL;
     long max_tokens = 512, ctx = 4096, lv;
-    double dv;
     struct rx_sampling sp;
     rx_sampling_defaults (&sp);
     int c;
     optind = 1;
     while ((c = getopt_long (argc, argv, "m:p:n:t:k:s:j:c:h", opts, NULL)) != -1) {
+        int sc = rx_gen_sampling_opt (c, optarg, &sp);
+        if (sc < 0) return 2;
+        if (sc > 0) continue;
         switch (c) {
         case 'm': model = optarg; break;
         case 'S': system = optarg; break;
@@ -222,23 +225,6 @@ int rx_cmd_chat (int argc, char **argv)
         case 'c': config = optarg; break;
         case 'n': if (rx_gen_parse_int ("max-tokens", optarg, 1, 1 << 24, &max_tokens)) return 2; break;
         case 'C': if (rx_gen_parse_int ("ctx", optarg, 2, INT32_MAX, &ctx)) return 2; break;
-        case 't': if (rx_gen_parse_float ("temperature", optarg, 0, 100, &dv)) return 2;
-                  sp.temperature = (float) dv; break;
-        case 'k': if (rx_gen_parse_int ("top-k", optarg, 0, INT32_MAX, &lv)) return 2;
-                  sp.top_k = (int32_t) lv; break;
-        case 'P': if (rx_gen_parse_float ("top-p", optarg, 1e-9, 1, &dv)) return 2;
-                  sp.top_p = (float) dv; break;
-        case 's': {
-            char *end;
-            errno = 0;
-            unsigned long long v = strtoull (optarg, &end, 10);
-            if (errno || end == optarg || *end || optarg[0] == '-') {
-                fprintf (stderr, "radix: --seed \"%s\": expected a non-negative integer\n", optarg);
-                return 2;
-            }
-            sp.seed = v;
-            break;
-        }
         case 'j': if (rx_gen_parse_int ("threads", optarg, 0, 4096, &lv)) return 2;
                   threads = optarg; break;
         case 'h': s_usage (stdout); return 0;

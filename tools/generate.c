@@ -63,6 +63,43 @@ int rx_gen_parse_float (const char *opt, const char *s, double lo, double hi, do
     return 0;
 }
 
+int rx_gen_sampling_opt (int c, const char *arg, struct rx_sampling *sp)
+{
+    double dv;
+    long lv;
+    switch (c) {
+    case 't':
+        if (rx_gen_parse_float ("temperature", arg, 0, 100, &dv)) return -1;
+        sp->temperature = (float) dv;
+        return 1;
+    case 'k':
+        if (rx_gen_parse_int ("top-k", arg, 0, INT32_MAX, &lv)) return -1;
+        sp->top_k = (int32_t) lv;
+        return 1;
+    case 'P':
+        if (rx_gen_parse_float ("top-p", arg, 1e-9, 1, &dv)) return -1;
+        sp->top_p = (float) dv;
+        return 1;
+    case 'M':
+        if (rx_gen_parse_float ("min-p", arg, 0, 0.999999, &dv)) return -1;
+        sp->min_p = (float) dv;
+        return 1;
+    case 's': {
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull (arg, &end, 10);
+        if (errno || end == arg || *end || arg[0] == '-') {
+            fprintf (stderr, "radix: --seed \"%s\": expected a non-negative integer\n", arg);
+            return -1;
+        }
+        sp->seed = v;
+        return 1;
+    }
+    default:
+        return 0;
+    }
+}
+
 int rx_gen_run (rx_engine_t *e, int32_t seq, const int32_t *prompt, int32_t n_prompt,
                 int32_t max_new, rx_sampler_t *smp, rx_gen_token_fn cb, void *ud,
                 struct rx_gen_stats *st, int *full, struct rx_err *err)
@@ -158,13 +195,15 @@ int rx_cmd_generate (int argc, char **argv)
     };
     const char *model = NULL, *prompt = NULL, *config = NULL, *threads = NULL;
     long max_tokens = 64, ctx = 0, lv;
-    double dv;
     int ids = 0, ignore_eos = 0;
     struct rx_sampling sp;
     rx_sampling_defaults (&sp);
     int c;
     optind = 1;
     while ((c = getopt_long (argc, argv, "m:p:n:t:k:s:j:c:ih", opts, NULL)) != -1) {
+        int sc = rx_gen_sampling_opt (c, optarg, &sp);
+        if (sc < 0) return 2;
+        if (sc > 0) continue;
         switch (c) {
         case 'm': model = optarg; break;
         case 'p': prompt = optarg; break;
@@ -173,25 +212,6 @@ int rx_cmd_generate (int argc, char **argv)
         case 'E': ignore_eos = 1; break;
         case 'n': if (rx_gen_parse_int ("max-tokens", optarg, 0, 1 << 24, &max_tokens)) return 2; break;
         case 'C': if (rx_gen_parse_int ("ctx", optarg, 1, INT32_MAX, &ctx)) return 2; break;
-        case 't': if (rx_gen_parse_float ("temperature", optarg, 0, 100, &dv)) return 2;
-                  sp.temperature = (float) dv; break;
-        case 'k': if (rx_gen_parse_int ("top-k", optarg, 0, INT32_MAX, &lv)) return 2;
-                  sp.top_k = (int32_t) lv; break;
-        case 'P': if (rx_gen_parse_float ("top-p", optarg, 1e-9, 1, &dv)) return 2;
-                  sp.top_p = (float) dv; break;
-        case 'M': if (rx_gen_parse_float ("min-p", optarg, 0, 0.999999, &dv)) return 2;
-                  sp.min_p = (float) dv; break;
-        case 's': {
-            char *end;
-            errno = 0;
-            unsigned long long v = strtoull (optarg, &end, 10);
-            if (errno || end == optarg || *end || optarg[0] == '-') {
-                fprintf (stderr, "radix: --seed \"%s\": expected a non-negative integer\n", optarg);
-                return 2;
-            }
-            sp.seed = v;
-            break;
-        }
         case 'j': if (rx_gen_parse_int ("threads", optarg, 0, 4096, &lv)) return 2;
                   threads = optarg; break;
         case 'h': s_usage (stdout); return 0;

@@ -38,4 +38,10 @@ double rx_gen_now (void);
 int rx_gen_parse_int (const char *opt, const char *s, long lo, long hi, long *out);
 int rx_gen_parse_float (const char *opt, const char *s, double lo, double hi, double *out);
 
+/* The sampling options both commands take: --temperature (t), --top-k (k),
+ * --top-p (P), --min-p (M), --seed (s).  Returns 1 if c was one of them and
+ * was applied to sp, 0 if c is another option, -1 on a bad value (message
+ * on stderr). */
+int rx_gen_sampling_opt (int c, const char *arg, struct rx_sampling *sp);
+
 #endif
