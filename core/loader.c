@@ -204,6 +204,47 @@ static int s_tag_diff (const char *ours, const char *theirs, char *buf, size_t l
     return 0;
 }
 
+/* The first required member of a kind's 1.0 ops table that is NULL, or
+ * NULL when all are set (the table is known to be long enough). */
+#define RX_REQ(T, m) do { if (!((const T *) ops)->m) return #m "()"; } while (0)
+static const char *s_missing_required (int kind, const void *ops)
+{
+    switch (kind) {
+    case RX_KIND_SCHED_POLICY:
+        RX_REQ (struct rx_sched_policy_ops, prioritize);
+        break;
+    case RX_KIND_KERNELS:
+        RX_REQ (struct rx_kernels_ops, create);
+        RX_REQ (struct rx_kernels_ops, destroy);
+        RX_REQ (struct rx_kernels_ops, info);
+        RX_REQ (struct rx_kernels_ops, alloc);
+        RX_REQ (struct rx_kernels_ops, free_);
+        RX_REQ (struct rx_kernels_ops, weight_load);
+        RX_REQ (struct rx_kernels_ops, matmul);
+        RX_REQ (struct rx_kernels_ops, attention);
+        break;
+    case RX_KIND_ATTENTION:
+        RX_REQ (struct rx_attn_ops, create);
+        RX_REQ (struct rx_attn_ops, destroy);
+        RX_REQ (struct rx_attn_ops, kv_bytes_per_token);
+        RX_REQ (struct rx_attn_ops, kv_alloc);
+        RX_REQ (struct rx_attn_ops, forward);
+        break;
+    case RX_KIND_MODEL:
+        RX_REQ (struct rx_model_ops, architectures);
+        RX_REQ (struct rx_model_ops, create);
+        RX_REQ (struct rx_model_ops, destroy);
+        RX_REQ (struct rx_model_ops, info);
+        RX_REQ (struct rx_model_ops, reserve);
+        RX_REQ (struct rx_model_ops, forward);
+        break;
+    default:
+        break;
+    }
+    return NULL;
+}
+#undef RX_REQ
+
 /* Every check on a descriptor; the message names the file and the versions. */
 static int s_check_desc (const char *path, const struct rx_plugin_desc *d, int expect_kind,
                          struct rx_err *err)
@@ -246,14 +287,10 @@ static int s_check_desc (const char *path, const struct rx_plugin_desc *d, int e
     if (ops->struct_size < k->min_ops)
         return rx_err_set (err, RX_EABI, "%s: ops table too short: %u bytes, a %s needs at least %zu " ABI_FMT,
                            path, ops->struct_size, k->title, k->min_ops, ABI_ARGS (d));
-    if (d->kind == RX_KIND_SCHED_POLICY && !((const struct rx_sched_policy_ops *) ops)->prioritize)
-        return rx_err_set (err, RX_EABI, "%s: schedule policy has no prioritize() " ABI_FMT,
-                           path, ABI_ARGS (d));
-    if (d->kind == RX_KIND_KERNELS && (!((const struct rx_kernels_ops *) ops)->create ||
-                                       !((const struct rx_kernels_ops *) ops)->destroy ||
-                                       !((const struct rx_kernels_ops *) ops)->matmul))
-        return rx_err_set (err, RX_EABI, "%s: kernel backend lacks create(), destroy() or "
-                           "matmul() " ABI_FMT, path, ABI_ARGS (d));
+    const char *missing = s_missing_required ((int) d->kind, ops);
+    if (missing)
+        return rx_err_set (err, RX_EABI, "%s: %s lacks the required member %s " ABI_FMT,
+                           path, k->title, missing, ABI_ARGS (d));
     char owner[PATH_MAX + 8];
     snprintf (owner, sizeof owner, "%s", path);
     return rx_cfg_keys_check (d->keys, owner, err);

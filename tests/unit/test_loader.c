@@ -133,6 +133,12 @@ Test (loader, short_vtable_refused)
                     "a schedule policy needs at least", "plugin ABI 1.0, radixd ABI 1.0");
 }
 
+Test (loader, null_required_member_refused)
+{
+    EXPECT_REFUSED ("sched-nullmember.so", 0, "schedule policy lacks the required member prioritize()",
+                    "plugin ABI 1.0, radixd ABI 1.0");
+}
+
 Test (loader, missing_symbol_refused)
 {
     EXPECT_REFUSED ("sched-noentry.so", 0, "not a radix plugin: no 'rx_plugin_entry' symbol",
@@ -283,7 +289,7 @@ Test (loader, scan_reports_good_and_refused)
     rx_loader_scan (l, s_scan_cb, &r);
     cr_assert (strstr (r.names, "good "), "%s", r.names);
     cr_assert_eq (r.ok, 1, "only the good fixture loads, got %d: %s", r.ok, r.names);
-    cr_assert_eq (r.refused, 7);
+    cr_assert_eq (r.refused, 8);
     rx_loader_destroy (&l);
     free (list);
 }
