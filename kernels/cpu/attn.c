@@ -97,7 +97,7 @@ static inline void s_axpy (const struct rx_kisa *isa, float *y, float a, const v
     else isa->axpy_f32 (y, a, vrow, n);
 }
 
-static void s_attn_thread (void *ctx, int ith, int nth)
+static void s_attn_tasks (void *ctx, size_t task0, size_t task1, int tid)
 {
     struct s_attn *c = ctx;
     const struct rx_kv_pool *pool = c->pool;
@@ -106,8 +106,8 @@ static void s_attn_thread (void *ctx, int ith, int nth)
     const size_t n_kv = (size_t) pool->n_kv_head;
     const size_t group = (size_t) p->n_head / n_kv;
     const size_t krow = n_kv * hk, vrow = n_kv * hv;
-    float *scores = c->scratch + (size_t) ith * c->scratch_per_thread;
-    for (size_t task = (size_t) ith; task < c->n_tasks; task += (size_t) nth) {
+    float *scores = c->scratch + (size_t) tid * c->scratch_per_thread;
+    for (size_t task = task0; task < task1; task++) {
         const size_t t = task / n_kv, kvh = task % n_kv;
         const int32_t s = c->tok_seq[t];
         const int32_t *slots = c->b->slots + c->b->kv_start[s];
@@ -178,9 +178,10 @@ int rx_kcpu_attention (struct rx_kcpu *k, const float *q, size_t ldq,
     for (int32_t s = 0; s < b->n_seq; s++)
         for (int32_t t = b->q_start[s]; t < b->q_start[s + 1]; t++)
             c.tok_seq[t] = s;
+    /* Scratch is per thread id; only ids below nth take part. */
     if (nth <= 1)
-        s_attn_thread (&c, 0, 1);
+        s_attn_tasks (&c, 0, n_tasks, 0);
     else
-        rx_kpool_run (k->pool, s_attn_thread, &c, nth);
+        rx_kpool_for (k->pool, n_tasks, 0, s_attn_tasks, &c, nth);
     return RX_OK;
 }

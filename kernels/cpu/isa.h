@@ -6,10 +6,11 @@
  * and picked when the CPU has the features (or forced by the plugin's
  * `isa` INI key; a forced path the CPU lacks is an error, not a crash).
  *
- * A path is a table of matmul kernels.  Each path owns the format of its
- * quantized activations (act_row_bytes/act_quant): the matmul driver only
- * allocates and passes them along.  Row ops (norm, rope, softmax...) are
- * portable C in ops.c/attn.c, vectorised by the compiler. */
+ * A path is a table of matmul kernels plus the vector primitives attention
+ * needs.  Each path owns the format of its quantized activations
+ * (act_row_bytes/act_quant) and may repack weights into its own row layout
+ * at load (repack*): the matmul driver only allocates and passes them along.
+ * Row ops (norm, rope, softmax...) are portable C in ops.c. */
 #ifndef RX_KISA_H
 #define RX_KISA_H
 

@@ -24,7 +24,11 @@ void rx_kisa_q8a_quant (const float *x, rx_q8a *y, size_t nb)
         y[i].d = rx_fp16_to_fp32 (rx_fp32_to_fp16 (amax / 127.f));
         int s = 0;
         for (int j = 0; j < 32; j++) {
-            int q = (int) lrintf (x[j] * id);
+            /* round half to even without a libm call: |x * id| <= 127.5 */
+            const float v = x[j] * id + 12582912.f;
+            int32_t bits;
+            memcpy (&bits, &v, sizeof bits);
+            const int q = (bits & 0x007fffff) - 0x00400000;
             y[i].q[j] = (int8_t) q;
             s += q;
         }

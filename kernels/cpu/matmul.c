@@ -1,5 +1,4 @@
 /* kernels/cpu/matmul.c -- see matmul.h. */
-#include <stdatomic.h>
 #include <string.h>
 
 #include "matmul.h"
@@ -9,29 +8,24 @@ struct s_job {
     const struct rx_kisa *isa;
     const float *x;
     size_t ldx;
-    size_t out;
-    size_t chunk;
-    _Atomic size_t next;
-    rx_kpool_t *pool;
 };
 
-static void s_run (void *ctx, int ith, int nth)
+/* Items: activation rows to quantize. */
+static void s_quant (void *ctx, size_t t0, size_t t1, int tid)
 {
+    (void) tid;
     struct s_job *j = ctx;
-    if (j->mm.xa_row_bytes && j->mm.xa != (const uint8_t *) j->x) {
-        /* Phase 1: quantize the activations, rows split over threads. */
-        for (size_t t = (size_t) ith; t < j->mm.n; t += (size_t) nth)
-            j->isa->act_quant (j->mm.dtype, j->mm.repacked, j->x + t * j->ldx,
-                               (uint8_t *) j->mm.xa + t * j->mm.xa_row_bytes, j->mm.in);
-        rx_kpool_barrier (j->pool);
-    }
-    /* Phase 2: chunks of weight rows, taken dynamically. */
-    for (;;) {
-        size_t r0 = atomic_fetch_add_explicit (&j->next, j->chunk, memory_order_relaxed);
-        if (r0 >= j->out) break;
-        size_t r1 = r0 + j->chunk < j->out ? r0 + j->chunk : j->out;
-        j->isa->mm (&j->mm, r0, r1);
-    }
+    for (size_t t = t0; t < t1; t++)
+        j->isa->act_quant (j->mm.dtype, j->mm.repacked, j->x + t * j->ldx,
+                           (uint8_t *) j->mm.xa + t * j->mm.xa_row_bytes, j->mm.in);
+}
+
+/* Items: weight rows. */
+static void s_rows (void *ctx, size_t r0, size_t r1, int tid)
+{
+    (void) tid;
+    struct s_job *j = ctx;
+    j->isa->mm (&j->mm, r0, r1);
 }
 
 int rx_kcpu_matmul (struct rx_kcpu *k, const struct rx_kweight *w, int expert,
@@ -45,8 +39,6 @@ int rx_kcpu_matmul (struct rx_kcpu *k, const struct rx_kweight *w, int expert,
     j.isa = isa;
     j.x = x;
     j.ldx = ldx;
-    j.out = out;
-    j.pool = k->pool;
     j.mm.dtype = w->dtype;
     j.mm.w = w->data + (expert > 0 ? (size_t) expert * out * w->row_bytes : 0);
     j.mm.w_row_bytes = w->row_bytes;
@@ -65,19 +57,18 @@ int rx_kcpu_matmul (struct rx_kcpu *k, const struct rx_kweight *w, int expert,
                                "%zu x %zu activations", n, in);
         j.mm.xa = buf;
         j.mm.xa_row_bytes = arb;
+        /* Quantize the activations first (a separate run: no barrier, so
+         * a late worker never holds the others up). */
+        rx_kpool_for (k->pool, n, 0, s_quant, &j, rx_kcpu_threads_for (k, (double) n * in * 4));
     } else {
         j.mm.xa = (const uint8_t *) x;
         j.mm.xa_row_bytes = ldx * sizeof (float);
     }
-    double work = (double) n * (double) in * (double) out;
-    int nth = rx_kcpu_threads_for (k, work);
-    /* Chunks: a multiple of 16 rows, about 8 per thread for balance, and
-     * not smaller than 16 rows of useful work. */
+    int nth = rx_kcpu_threads_for (k, (double) n * (double) in * (double) out);
+    /* Chunks: a multiple of 16 rows, about 8 per thread for balance. */
     size_t chunk = out / ((size_t) nth * 8);
     chunk = (chunk + 15) / 16 * 16;
     if (chunk < 16) chunk = 16;
-    j.chunk = chunk;
-    atomic_init (&j.next, 0);
-    rx_kpool_run (k->pool, s_run, &j, nth);
+    rx_kpool_for (k->pool, out, chunk, s_rows, &j, nth);
     return RX_OK;
 }

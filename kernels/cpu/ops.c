@@ -12,18 +12,17 @@ typedef void (*s_rows_fn) (void *ctx, size_t r0, size_t r1);
 struct s_rows {
     s_rows_fn fn;
     void *ctx;
-    size_t rows;
 };
 
-static void s_rows_thread (void *ctx, int ith, int nth)
+static void s_rows_chunk (void *ctx, size_t r0, size_t r1, int tid)
 {
+    (void) tid;
     struct s_rows *r = ctx;
-    size_t per = (r->rows + (size_t) nth - 1) / (size_t) nth;
-    size_t r0 = (size_t) ith * per, r1 = r0 + per < r->rows ? r0 + per : r->rows;
-    if (r0 < r1) r->fn (r->ctx, r0, r1);
+    r->fn (r->ctx, r0, r1);
 }
 
-/* Run fn over [0, rows), split in contiguous ranges; work ~ elements touched. */
+/* Run fn over [0, rows) in chunks claimed by the pool's threads; work ~
+ * elements touched decides how many threads are worth waking. */
 static void s_rows_run (struct rx_kcpu *k, size_t rows, double work, s_rows_fn fn, void *ctx)
 {
     int nth = rx_kcpu_threads_for (k, work);
@@ -32,8 +31,8 @@ static void s_rows_run (struct rx_kcpu *k, size_t rows, double work, s_rows_fn f
         if (rows) fn (ctx, 0, rows);
         return;
     }
-    struct s_rows r = { fn, ctx, rows };
-    rx_kpool_run (k->pool, s_rows_thread, &r, nth);
+    struct s_rows r = { fn, ctx };
+    rx_kpool_for (k->pool, rows, 0, s_rows_chunk, &r, nth);
 }
 
 /* --------------------------------------------------------------- get_rows -- */

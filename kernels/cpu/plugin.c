@@ -246,7 +246,7 @@ static void s_free (void *be, void *dptr)
     struct rx_kbuf *b = k->bufs;
     while (b && (uint8_t *) b + sizeof *b != (uint8_t *) dptr) b = b->next;
     if (!b || b->magic != S_BUF_MAGIC) {
-        RX_HLOG (k->host, RX_LOG_ERROR, "kernels-cpu free: %p was not allocated here; ignored",
+        RX_HLOG (k->host, RX_LOG_ERROR, "free: %p was not allocated here; ignored",
                  dptr);
         return;
     }
@@ -465,7 +465,7 @@ static void s_weight_free (void *be, rx_kweight_t *w)
     struct rx_kweight *it = k->weights;
     while (it && it != w) it = it->next;
     if (!it) {
-        RX_HLOG (k->host, RX_LOG_ERROR, "kernels-cpu weight_free: %p is not a weight; ignored",
+        RX_HLOG (k->host, RX_LOG_ERROR, "weight_free: %p is not a weight; ignored",
                  (void *) w);
         return;
     }

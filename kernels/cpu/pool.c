@@ -1,16 +1,20 @@
 /* kernels/cpu/pool.c -- see pool.h.
  *
- * Protocol: the caller publishes (fn, ctx) and bumps `gen`, whose low bits
- * carry the number of threads taking part: a worker decides from the word
- * alone whether the run is its business, so one that sits out never reads
- * job fields the caller may already be rewriting for the next run.  Workers
- * watch `gen` (spinning, then futex-waiting on it), run their share and
- * decrement `pending`; the caller runs share 0 and spins until pending is 0.
- * The barrier is a sense-reversing counter. */
+ * Protocol.  The caller publishes (fn, ctx, n, chunk), sets `open` to the
+ * run's generation word and bumps `gen`, whose low bits carry the number
+ * of threads asked to take part (so a worker decides from the word alone
+ * whether the run is its business).  A worker that wakes for generation g
+ * increments `joined`, and only if `open` still equals g claims chunks;
+ * then it decrements `joined`.  The caller claims chunks too; when none are
+ * left it sets `open` to 0 and waits for `joined` to reach 0.  Because both
+ * sides use sequentially consistent operations (joined++ then load open;
+ * store open then load joined), either the caller sees the worker joined
+ * and waits for it, or the worker sees the run closed and leaves without
+ * touching the job -- which lives on the caller's stack. */
 #include <errno.h>
-#include <sched.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -30,27 +34,27 @@
 #  define S_PAUSE() do { } while (0)
 #endif
 
+#define S_NTH_BITS 13u                      /* up to 4096 threads */
+#define S_NTH_MASK ((1u << S_NTH_BITS) - 1)
+
 struct s_worker {
     rx_kpool_t *pool;
     int         ith;
     pthread_t   tid;
 };
 
-#define S_NTH_BITS 13u                      /* up to 4096 threads */
-#define S_NTH_MASK ((1u << S_NTH_BITS) - 1)
-
 struct rx_kpool {
     int nth;
     int spin_us;
-    /* Job, published before gen is bumped. */
+    /* The job, published before gen is bumped. */
     rx_kpool_fn fn;
     void *ctx;
-    int   nth_use;
-    _Alignas (64) _Atomic uint32_t gen;      /* futex word */
-    _Alignas (64) _Atomic int pending;
+    size_t n, chunk;
+    _Alignas (64) _Atomic size_t next;      /* next unclaimed item */
+    _Alignas (64) _Atomic uint32_t gen;     /* futex word */
+    _Atomic uint32_t open;                  /* gen of the open run, 0 = closed */
+    _Alignas (64) _Atomic int joined;       /* workers inside a run */
     _Atomic int sleepers;
-    _Alignas (64) _Atomic int bar_count;
-    _Atomic int bar_sense;
     _Atomic int stop;
     struct s_worker *workers;
     int started;
@@ -84,28 +88,19 @@ static uint32_t s_wait_gen (rx_kpool_t *p, uint32_t seen)
         S_PAUSE ();
     }
     atomic_fetch_add (&p->sleepers, 1);
-    while ((g = atomic_load_explicit (&p->gen, memory_order_acquire)) == seen)
+    while ((g = atomic_load (&p->gen)) == seen)
         s_futex (&p->gen, FUTEX_WAIT_PRIVATE, seen);
     atomic_fetch_sub (&p->sleepers, 1);
     return g;
 }
 
-/* Wait for *v to drop to 0 (or, for the barrier, to change from `from`):
- * spin briefly, then yield -- on an oversubscribed machine the thread we
- * wait for may need our core to finish. */
-static void s_spin_until_zero (_Atomic int *v)
+static void s_claim (rx_kpool_t *p, int tid)
 {
-    for (unsigned i = 0; atomic_load_explicit (v, memory_order_acquire) > 0; i++) {
-        if (i < 4096) S_PAUSE ();
-        else sched_yield ();
-    }
-}
-
-static void s_spin_while_eq (_Atomic int *v, int from)
-{
-    for (unsigned i = 0; atomic_load_explicit (v, memory_order_acquire) == from; i++) {
-        if (i < 4096) S_PAUSE ();
-        else sched_yield ();
+    for (;;) {
+        size_t i0 = atomic_fetch_add_explicit (&p->next, p->chunk, memory_order_relaxed);
+        if (i0 >= p->n) break;
+        size_t i1 = i0 + p->chunk < p->n ? i0 + p->chunk : p->n;
+        p->fn (p->ctx, i0, i1, tid);
     }
 }
 
@@ -114,18 +109,16 @@ static void *s_worker_main (void *arg)
     struct s_worker *w = arg;
     rx_kpool_t *p = w->pool;
     /* Runs are counted from the pool's creation (gen 0), not from when this
-     * thread got scheduled: a run published before it first looked is still
-     * its business. */
+     * thread got scheduled. */
     uint32_t seen = 0;
     for (;;) {
         seen = s_wait_gen (p, seen);
-        if (atomic_load_explicit (&p->stop, memory_order_acquire))
-            break;
-        int nth_use = (int) (seen & S_NTH_MASK);
-        if (w->ith < nth_use) {
-            p->fn (p->ctx, w->ith, nth_use);
-            atomic_fetch_sub_explicit (&p->pending, 1, memory_order_release);
-        }
+        if (atomic_load (&p->stop)) break;
+        if (w->ith >= (int) (seen & S_NTH_MASK)) continue;
+        atomic_fetch_add (&p->joined, 1);
+        if (atomic_load (&p->open) == seen)
+            s_claim (p, w->ith);
+        atomic_fetch_sub (&p->joined, 1);
     }
     return NULL;
 }
@@ -144,7 +137,6 @@ rx_kpool_t *rx_kpool_new (int nth, int spin_us, struct rx_err *err)
     memset (p, 0, sizeof *p);
     p->nth = nth;
     p->spin_us = spin_us < 0 ? 0 : spin_us;
-    p->nth_use = nth;
     if (nth > 1) {
         p->workers = calloc ((size_t) nth, sizeof *p->workers);
         if (!p->workers) {
@@ -160,7 +152,6 @@ rx_kpool_t *rx_kpool_new (int nth, int spin_us, struct rx_err *err)
         if (rc != 0) {
             rx_err_set (err, RX_ENOMEM, "kernels-cpu pool: cannot start thread %d of %d: %s",
                         i, nth, strerror (rc));
-            p->nth = i;   /* join only those started */
             rx_kpool_destroy (&p);
             return NULL;
         }
@@ -185,40 +176,36 @@ void rx_kpool_destroy (rx_kpool_t **self_p)
 
 int rx_kpool_threads (const rx_kpool_t *p) { return p->nth; }
 
-void rx_kpool_run (rx_kpool_t *p, rx_kpool_fn fn, void *ctx, int nth_use)
+void rx_kpool_for (rx_kpool_t *p, size_t n, size_t chunk, rx_kpool_fn fn, void *ctx,
+                   int nth_use)
 {
+    if (n == 0) return;
     if (nth_use <= 0 || nth_use > p->nth) nth_use = p->nth;
-    if (nth_use == 1) {
-        p->nth_use = 1;          /* the barrier is a no-op in a one-thread run */
-        fn (ctx, 0, 1);
+    if (chunk == 0) chunk = n / (4 * (size_t) nth_use);
+    if (chunk == 0) chunk = 1;
+    if (nth_use == 1 || chunk >= n) {
+        fn (ctx, 0, n, 0);
         return;
     }
     p->fn = fn;
     p->ctx = ctx;
-    p->nth_use = nth_use;
-    atomic_store_explicit (&p->bar_count, 0, memory_order_relaxed);
-    /* Every worker wakes on gen; those with ith >= nth_use just go back. */
-    atomic_store_explicit (&p->pending, nth_use - 1, memory_order_relaxed);
-    /* seq_cst pairs with the worker's sleepers++ then gen load: either it
-     * sees the new gen or we see it asleep. */
+    p->n = n;
+    p->chunk = chunk;
+    atomic_store_explicit (&p->next, 0, memory_order_relaxed);
     uint32_t g = atomic_load_explicit (&p->gen, memory_order_relaxed);
     uint32_t ng = ((g >> S_NTH_BITS) + 1) << S_NTH_BITS | (uint32_t) nth_use;
+    atomic_store (&p->open, ng);
     atomic_store (&p->gen, ng);
+    /* seq_cst pairs with the worker's sleepers++ then gen load: either it
+     * sees the new gen or we see it asleep. */
     if (atomic_load (&p->sleepers) > 0)
         s_futex (&p->gen, FUTEX_WAKE_PRIVATE, INT32_MAX);
-    fn (ctx, 0, nth_use);
-    s_spin_until_zero (&p->pending);
-}
-
-void rx_kpool_barrier (rx_kpool_t *p)
-{
-    int n = p->nth_use;
-    if (n <= 1) return;
-    int sense = atomic_load_explicit (&p->bar_sense, memory_order_relaxed);
-    if (atomic_fetch_add_explicit (&p->bar_count, 1, memory_order_acq_rel) == n - 1) {
-        atomic_store_explicit (&p->bar_count, 0, memory_order_relaxed);
-        atomic_store_explicit (&p->bar_sense, !sense, memory_order_release);
-    } else {
-        s_spin_while_eq (&p->bar_sense, sense);
+    s_claim (p, 0);
+    atomic_store (&p->open, 0);
+    /* Wait only for workers that joined this run (or, briefly, a late one
+     * on its way out of an earlier run). */
+    for (unsigned i = 0; atomic_load (&p->joined) > 0; i++) {
+        if (i < 4096) S_PAUSE ();
+        else sched_yield ();
     }
 }

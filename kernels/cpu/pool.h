@@ -1,14 +1,19 @@
 /* kernels/cpu/pool.h -- a persistent thread pool for the CPU kernels.
  *
  * Workers are created once with the backend instance and live until it is
- * destroyed: an op never creates threads.  rx_kpool_run() wakes them, runs
- * fn(ctx, ith, nth) on every thread (the caller is thread 0) and returns
- * when all are done.  Idle workers spin for a short while (decode steps come
- * back-to-back, and a futex wake costs tens of microseconds), then sleep on a
- * futex.  rx_kpool_barrier() synchronises the threads of one run (e.g. after
- * quantizing the activations, before the matmul that reads them).
+ * destroyed: an op never creates threads.  rx_kpool_for() splits [0, n)
+ * into chunks that the calling thread and the woken workers claim from a
+ * shared counter, and returns when every claimed chunk is done.
  *
- * Thread-safety: one thread calls rx_kpool_run at a time (the op caller). */
+ * Built for shared machines: the caller never waits for a worker that has
+ * not started -- when the caller runs out of chunks it closes the run, and
+ * a worker the scheduler woke too late finds it closed and does nothing.
+ * So a descheduled worker costs at most its own chunk, never a time slice
+ * of waiting.  Idle workers spin for spin_us (decode issues ops
+ * back-to-back, and a futex wake costs tens of microseconds), then sleep
+ * on a futex.
+ *
+ * Thread-safety: one thread calls rx_kpool_for at a time (the op caller). */
 #ifndef RX_KPOOL_H
 #define RX_KPOOL_H
 
@@ -17,7 +22,10 @@
 #include <radix/err.h>
 
 typedef struct rx_kpool rx_kpool_t;
-typedef void (*rx_kpool_fn) (void *ctx, int ith, int nth);
+
+/* Process items [i0, i1).  tid identifies the thread (0 = the caller,
+ * 1..threads-1 the workers), e.g. to pick per-thread scratch. */
+typedef void (*rx_kpool_fn) (void *ctx, size_t i0, size_t i1, int tid);
 
 /* nth >= 1 threads in all (nth - 1 workers).  spin_us: how long an idle
  * worker spins before sleeping.  NULL + err on failure. */
@@ -27,11 +35,9 @@ void rx_kpool_destroy (rx_kpool_t **self_p);
 
 int rx_kpool_threads (const rx_kpool_t *p);
 
-/* Run fn on every thread; nth_use (1..threads, 0 = all) limits how many take
- * part (small ops need not wake everyone). */
-void rx_kpool_run (rx_kpool_t *p, rx_kpool_fn fn, void *ctx, int nth_use);
-
-/* Inside fn: wait until all nth threads of this run reach the barrier. */
-void rx_kpool_barrier (rx_kpool_t *p);
+/* Run fn over [0, n) in chunks of `chunk` items (0: n / (4 * threads)),
+ * with at most nth_use threads (0 or more than the pool: all). */
+void rx_kpool_for (rx_kpool_t *p, size_t n, size_t chunk, rx_kpool_fn fn, void *ctx,
+                   int nth_use);
 
 #endif
