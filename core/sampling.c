@@ -125,12 +125,18 @@ static void s_sift (const float *l, int32_t *h, int32_t n, int32_t i)
 
 int32_t rx_sampler_sample (rx_sampler_t *s, const float *logits)
 {
+    return rx_sampler_sample_with (s, &s->p, &s->state, logits);
+}
+
+int32_t rx_sampler_sample_with (rx_sampler_t *s, const struct rx_sampling *p, uint64_t *state,
+                                const float *logits)
+{
     const int32_t V = s->n_vocab;
-    if (s->p.temperature <= 0 || s->p.top_k == 1)
+    if (p->temperature <= 0 || p->top_k == 1)
         return rx_argmax (logits, V);
     /* Candidates: finite logits only. */
     int32_t n = 0;
-    int32_t k = s->p.top_k > 0 && s->p.top_k < V ? s->p.top_k : 0;
+    int32_t k = p->top_k > 0 && p->top_k < V ? p->top_k : 0;
     if (k) {
         /* Keep the k best in a heap whose root is the worst kept. */
         for (int32_t i = 0; i < V; i++) {
@@ -152,7 +158,7 @@ int32_t rx_sampler_sample (rx_sampler_t *s, const float *logits)
     /* Sorting is needed only to cut by rank or probability; plain sampling
      * walks the candidates in id order (deterministic as well). */
     double mx;
-    if (k || s->p.top_p < 1 || s->p.min_p > 0) {
+    if (k || p->top_p < 1 || p->min_p > 0) {
         qsort_r (s->idx, (size_t) n, sizeof *s->idx, s_cmp, (void *) logits);
         mx = logits[s->idx[0]];
     } else {
@@ -161,7 +167,7 @@ int32_t rx_sampler_sample (rx_sampler_t *s, const float *logits)
             if (logits[s->idx[i]] > mx) mx = logits[s->idx[i]];
     }
     /* softmax of logits / T over the candidates */
-    const double inv_t = 1.0 / s->p.temperature;
+    const double inv_t = 1.0 / p->temperature;
     double sum = 0;
     for (int32_t i = 0; i < n; i++) {
         double e = exp (((double) logits[s->idx[i]] - mx) * inv_t);
@@ -169,29 +175,111 @@ int32_t rx_sampler_sample (rx_sampler_t *s, const float *logits)
         sum += e;
     }
     int32_t keep = n;
-    if (s->p.top_p < 1) {
+    if (p->top_p < 1) {
         double acc = 0;
         for (int32_t i = 0; i < n; i++) {
             acc += s->val[i] / sum;
-            if (acc >= s->p.top_p) {
+            if (acc >= p->top_p) {
                 keep = i + 1;
                 break;
             }
         }
     }
-    if (s->p.min_p > 0) {
+    if (p->min_p > 0) {
         /* sorted: val[0] is the best (exp(0) = 1). */
         int32_t j = 1;
-        while (j < keep && s->val[j] >= s->p.min_p * s->val[0]) j++;
+        while (j < keep && s->val[j] >= p->min_p * s->val[0]) j++;
         keep = j;
     }
     double tot = 0;
     for (int32_t i = 0; i < keep; i++) tot += s->val[i];
-    double r = s_uniform (&s->state) * tot;
+    double r = s_uniform (state) * tot;
     double acc = 0;
     for (int32_t i = 0; i < keep; i++) {
         acc += s->val[i];
         if (r < acc) return s->idx[i];
     }
     return s->idx[keep - 1];
+}
+
+/* ---- penalties, logit masks, log probabilities ---------------------------- */
+
+void rx_penalties_apply (float *logits, int32_t n_vocab, const struct rx_penalties *pen,
+                         const int32_t *prompt, size_t n_prompt, const int32_t *out, size_t n_out,
+                         uint32_t *counts)
+{
+    const int freq = pen->frequency != 0 || pen->presence != 0;
+    const int rep = pen->repetition != 1 && pen->repetition > 0;
+    if (!freq && !rep) return;
+    /* counts[t]: occurrences of t in out (low 31 bits); bit 31: t already
+     * had the repetition penalty applied (each distinct token once). */
+    const uint32_t SEEN = 0x80000000u;
+    for (size_t i = 0; i < n_out; i++)
+        if (out[i] >= 0 && out[i] < n_vocab) counts[out[i]]++;
+    if (rep) {
+        for (int pass = 0; pass < 2; pass++) {
+            const int32_t *t = pass ? out : prompt;
+            size_t n = pass ? n_out : n_prompt;
+            for (size_t i = 0; i < n; i++) {
+                int32_t id = t[i];
+                if (id < 0 || id >= n_vocab || (counts[id] & SEEN)) continue;
+                counts[id] |= SEEN;
+                float *l = &logits[id];
+                *l = *l > 0 ? *l / pen->repetition : *l * pen->repetition;
+            }
+        }
+    }
+    for (size_t i = 0; i < n_out; i++) {
+        int32_t id = out[i];
+        if (id < 0 || id >= n_vocab) continue;
+        uint32_t c = counts[id] & ~SEEN;
+        if (c == 0) continue;   /* handled already (an earlier repeat of id) */
+        logits[id] -= pen->frequency * (float) c + pen->presence;
+        counts[id] &= SEEN;     /* count 0: later repeats skip it */
+    }
+    /* Leave the scratch zeroed for the next row. */
+    for (size_t i = 0; i < n_prompt; i++)
+        if (prompt[i] >= 0 && prompt[i] < n_vocab) counts[prompt[i]] = 0;
+    for (size_t i = 0; i < n_out; i++)
+        if (out[i] >= 0 && out[i] < n_vocab) counts[out[i]] = 0;
+}
+
+void rx_logits_ban (float *logits, int32_t n_vocab, const int32_t *ids, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] >= 0 && ids[i] < n_vocab) logits[ids[i]] = -INFINITY;
+}
+
+float rx_logprobs (const float *logits, int32_t n_vocab, int32_t chosen, int32_t n_top,
+                   int32_t *top_ids, float *top_lp)
+{
+    /* log_softmax: x - (max + log sum exp (x - max)), in double. */
+    double mx = -INFINITY;
+    for (int32_t i = 0; i < n_vocab; i++)
+        if (!isnan (logits[i]) && logits[i] > mx) mx = logits[i];
+    double sum = 0;
+    if (isfinite (mx))
+        for (int32_t i = 0; i < n_vocab; i++)
+            if (!isnan (logits[i])) sum += exp ((double) logits[i] - mx);
+    const double lse = isfinite (mx) ? mx + log (sum) : INFINITY;
+    /* top n_top by (value desc, id asc): insertion into a short sorted list. */
+    int32_t k = 0;
+    for (int32_t i = 0; i < n_vocab && n_top > 0; i++) {
+        float v = logits[i];
+        if (isnan (v)) continue;
+        if (k == n_top && !(v > logits[top_ids[k - 1]])) continue;
+        int32_t j = k < n_top ? k++ : k - 1;
+        while (j > 0 && v > logits[top_ids[j - 1]]) {
+            top_ids[j] = top_ids[j - 1];
+            j--;
+        }
+        top_ids[j] = i;
+    }
+    for (int32_t j = 0; j < k; j++) top_lp[j] = (float) ((double) logits[top_ids[j]] - lse);
+    for (int32_t j = k; j < n_top; j++) {   /* fewer than n_top non-NaN values */
+        top_ids[j] = -1;
+        top_lp[j] = -INFINITY;
+    }
+    if (chosen < 0 || chosen >= n_vocab || isnan (logits[chosen])) return -INFINITY;
+    return (float) ((double) logits[chosen] - lse);
 }

@@ -44,6 +44,42 @@ void rx_sampler_destroy (rx_sampler_t **self_p);
  * are never chosen; a row of only NaN/-inf gives token 0. */
 int32_t rx_sampler_sample (rx_sampler_t *s, const float *logits);
 
+/* As rx_sampler_sample with other parameters and generator state: one
+ * sampler (its scratch) serves many requests, each keeping its own
+ * parameters and *state (start it at the request's seed).  min_p may be 1
+ * here (keep only the best tokens).  Parameters are not checked: validate
+ * them first (rx_sampling_params_validate). */
+int32_t rx_sampler_sample_with (rx_sampler_t *s, const struct rx_sampling *p, uint64_t *state,
+                                const float *logits);
+
+/* Penalties on a row of raw logits, before temperature (OpenAI / vLLM
+ * semantics): for every token of the output so far, logit -= frequency *
+ * count + presence; for every distinct token of the prompt or the output,
+ * repetition (> 0, 1 = off) divides a positive logit and multiplies a
+ * negative one (CTRL / HF).  Ids outside the vocabulary are ignored. */
+struct rx_penalties {
+    float frequency;    /* 0: off */
+    float presence;     /* 0: off */
+    float repetition;   /* 1: off */
+};
+/* counts: caller's scratch of n_vocab zeroed uint32, left zeroed on return
+ * (O(n_prompt + n_out), not O(n_vocab)). */
+void rx_penalties_apply (float *logits, int32_t n_vocab, const struct rx_penalties *pen,
+                         const int32_t *prompt, size_t n_prompt, const int32_t *out, size_t n_out,
+                         uint32_t *counts);
+
+/* Set logits[ids[i]] to -inf (min_tokens: EOS and stop ids cannot be drawn
+ * yet).  Ids outside the vocabulary are ignored. */
+void rx_logits_ban (float *logits, int32_t n_vocab, const int32_t *ids, size_t n);
+
+/* OpenAI logprobs from a row of RAW logits (log_softmax, computed in
+ * double): returns log p(chosen) (-inf for an id outside the vocabulary);
+ * top_ids/top_lp[0..n_top) get the n_top most likely ids, best first, ties
+ * to the lower id (-1 / -inf past the finite ones).  NaN logits count as
+ * absent. */
+float rx_logprobs (const float *logits, int32_t n_vocab, int32_t chosen, int32_t n_top,
+                   int32_t *top_ids, float *top_lp);
+
 /* Index of the largest value (lowest index on ties; NaN ignored); 0 if none. */
 int32_t rx_argmax (const float *x, int32_t n);
 

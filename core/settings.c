@@ -43,9 +43,40 @@ static const struct rx_cfg_key s_attention[] = {
     { NULL, 0, NULL, NULL, 0, 0, NULL }
 };
 
+static const struct rx_cfg_key s_cache[] = {
+    { "kv_memory", RX_CFG_STRING, "0.8",
+      "KV cache memory: a size (8GiB, 512M) or a fraction of free memory (0.8, 80%)", 0, 0, NULL },
+    { "radix_cache", RX_CFG_BOOL, "true",
+      "share prompt prefixes between requests through the radix cache", 0, 0, NULL },
+    { "page_size", RX_CFG_INT, "1", "KV slots are handed out and cached in pages of this many tokens",
+      1, 4096, NULL },
+    { NULL, 0, NULL, NULL, 0, 0, NULL }
+};
+
 static const struct rx_cfg_key s_scheduler[] = {
     { "policy", RX_CFG_STRING, "fcfs",
-      "schedule policy plugin (sched-<policy>.so): fcfs, lpm, random", 0, 0, NULL },
+      "schedule policy plugin (sched-<policy>.so): fcfs, lpm, dfs_weight, random", 0, 0, NULL },
+    { "max_running_requests", RX_CFG_INT, "0",
+      "most requests in the running batch; 0 = half the KV slots, at most 1024", 0, 1 << 20, NULL },
+    { "max_queued_requests", RX_CFG_INT, "0",
+      "most waiting requests; more are refused (HTTP 503 + Retry-After); 0 = no limit", 0, 1 << 30,
+      NULL },
+    { "chunked_prefill_size", RX_CFG_INT, "8192",
+      "most prompt tokens of one request per prefill step; -1 = no chunking (the engine's step size still applies)",
+      -1, 1 << 30, NULL },
+    { "max_prefill_tokens", RX_CFG_INT, "16384", "most prompt tokens in one prefill batch",
+      1, 1 << 30, NULL },
+    { "schedule_conservativeness", RX_CFG_FLOAT, "1.0",
+      "scales the initial new-token ratio: higher admits fewer requests (fewer retractions)",
+      0.01, 100, NULL },
+    { "init_new_token_ratio", RX_CFG_FLOAT, "0.7",
+      "share of max_tokens a running request is assumed to still need (times conservativeness)",
+      0, 1, NULL },
+    { "min_new_token_ratio_factor", RX_CFG_FLOAT, "0.14",
+      "the ratio decays to init_new_token_ratio times this", 0, 1, NULL },
+    { "new_token_ratio_decay_steps", RX_CFG_INT, "600",
+      "decode steps over which the ratio decays from its initial to its minimum value", 1, 1 << 30,
+      NULL },
     { NULL, 0, NULL, NULL, 0, 0, NULL }
 };
 
@@ -57,6 +88,7 @@ static const struct rx_conf_section s_schema[] = {
     { "model", "the model; [model.<plugin>] configures one model plugin", s_model, RX_KIND_MODEL },
     { "attention", "attention backend and KV cache; [attention.<backend>] configures one backend",
       s_attention, RX_KIND_ATTENTION },
+    { "cache", "KV memory and the radix prefix cache", s_cache, 0 },
     { "scheduler", "request scheduling; [scheduler.<policy>] configures one policy", s_scheduler,
       RX_KIND_SCHED_POLICY },
     { NULL, NULL, NULL, 0 }

@@ -1,0 +1,1291 @@
+/* core/scheduler.c -- see scheduler.h.
+ *
+ * Vocabulary (SGLang's): a request's token sequence is prompt ++ output;
+ * n_kv of them have KV in its slots (row of the request -> token table); the
+ * first n_prefix of those slots belong to the radix cache (matched or
+ * inserted, protected by the lock on `node`), the rest to the request.  A
+ * forward pass runs tokens[n_kv .. n_kv + extend) of each request; when that
+ * reaches the end of the sequence the last row's logits give the next token.
+ * Prefill and decode are the same operation (decode: extend = 1).
+ *
+ * Slot ownership invariant (rx_sched_check): every slot handed out by the
+ * pool is owned by exactly one of the cache or one request's row tail. */
+#include "config.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kvpool.h"
+#include "loader.h"
+#include "log.h"
+#include "radix_cache.h"
+#include "sampling.h"
+#include "scheduler.h"
+
+#include <radix/policy.h>
+
+#define S_CLIP_MAX_NEW     4096   /* SGLang's CLIP_MAX_NEW_TOKENS_ESTIMATION */
+#define S_RETRACT_STEPS    20     /* SGLang's retract_decode_steps */
+#define S_BIG              ((int64_t) 1 << 40)
+
+enum { S_WAITING = 0, S_RUNNING = 1, S_DONE = 2 };
+
+/* One submitted request; its n siblings share it. */
+struct s_group {
+    struct rx_request req;       /* owned: prompt, sampling params, stop strings */
+    uint32_t n_refs;             /* siblings not yet freed */
+    struct rx_sampling samp;     /* sampler parameters (seed per sibling) */
+    struct rx_penalties pen;
+    int      plain_greedy;       /* greedy without penalties: argmax of the raw row */
+    int32_t  max_new;            /* effective max_tokens */
+};
+
+struct s_req {
+    struct s_group *g;
+    uint64_t rid;
+    uint32_t index;
+    uint64_t arrival;            /* unique, increasing: the sort tie-break */
+    uint64_t rng;                /* sampler state (starts at the seed) */
+    int      state;
+    int32_t *toks;               /* prompt ++ output */
+    uint32_t len, cap, n_in;
+    int      row;                /* kvpool row, -1 none */
+    uint32_t n_kv;               /* tokens with KV */
+    uint32_t n_prefix;           /* row[0..n_prefix) owned by the cache */
+    rx_radix_node_t *node;       /* locked node (NULL: none) */
+    uint32_t cached_tokens;      /* at first admission (usage) */
+    int      admitted_once;
+    int      first_sent;
+    /* per step */
+    uint32_t match_len;
+    rx_radix_node_t *match_node;
+    uint32_t extend;
+    double   priority;
+    /* when finished / aborted */
+    uint8_t  finish;
+    int32_t  matched;
+};
+
+/* A growable pointer list. */
+struct s_list {
+    struct s_req **v;
+    size_t n, cap;
+};
+
+struct rx_sched {
+    struct rx_boot *boot;
+    rx_engine_t *engine;
+    struct rx_sched_opts o;
+    int32_t n_vocab, ctx, engine_max_tokens;
+    rx_kvpool_t *pool;
+    rx_kvpool_rows_t *rows;
+    rx_radix_cache_t *cache;
+    rx_plugin_t *policy_plugin;
+    const struct rx_sched_policy_ops *policy;
+    void *policy_inst;
+    rx_sampler_t *sampler;       /* scratch shared by every request */
+    uint32_t *pen_counts;        /* [n_vocab] zeroed scratch */
+    float *row_buf;              /* [n_vocab] */
+
+    struct s_list waiting, running, zombies, to_free;
+    struct s_req *chunked;       /* mid-prompt request (holds a row and a lock) */
+    uint64_t next_arrival, step;
+    double new_token_ratio, min_ratio, ratio_decay;
+
+    /* step scratch */
+    struct s_list batch;
+    int32_t *b_tokens, *b_pos, *b_q, *b_kvs, *b_slots, *b_out;
+    size_t cap_tok, cap_seq, cap_slots;
+    float *logits;
+    size_t cap_logits;
+    int32_t *mslots;             /* match scratch [ctx] */
+    struct rx_sched_item *items;
+    size_t cap_items;
+
+    /* outputs */
+    struct rx_ipc_tok_out *ent;
+    uint32_t *ent_index;
+    int32_t *ent_ids;
+    float *ent_lp, *ent_top_lp;
+    int32_t *ent_top_ids;
+    size_t n_ent, cap_ent;
+
+    /* stats */
+    uint64_t st_prompt, st_cached, st_computed, st_gen, st_retract, st_finished;
+    uint64_t st_last_prompt, st_last_gen;
+    double st_last_time;
+};
+
+/* ------------------------------------------------------------ helpers -- */
+
+static int s_list_push (struct s_list *l, struct s_req *r)
+{
+    if (l->n == l->cap) {
+        size_t nc = l->cap ? 2 * l->cap : 16;
+        struct s_req **v = realloc (l->v, nc * sizeof *v);
+        if (!v) return RX_ENOMEM;
+        l->v = v;
+        l->cap = nc;
+    }
+    l->v[l->n++] = r;
+    return RX_OK;
+}
+
+/* Remove by value, keeping order. */
+static int s_list_remove (struct s_list *l, struct s_req *r)
+{
+    for (size_t i = 0; i < l->n; i++)
+        if (l->v[i] == r) {
+            memmove (&l->v[i], &l->v[i + 1], (l->n - i - 1) * sizeof *l->v);
+            l->n--;
+            return 1;
+        }
+    return 0;
+}
+
+static int s_grow (void **p, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap) return RX_OK;
+    size_t nc = *cap ? *cap : 64;
+    while (nc < need) nc *= 2;
+    void *q = realloc (*p, nc * elem);
+    if (!q) return RX_ENOMEM;
+    *p = q;
+    *cap = nc;
+    return RX_OK;
+}
+
+static uint64_t s_mix (uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static double s_now (void)
+{
+    struct timespec ts;
+    clock_gettime (CLOCK_MONOTONIC, &ts);
+    return (double) ts.tv_sec + (double) ts.tv_nsec * 1e-9;
+}
+
+static uint32_t s_page (const rx_sched_t *s) { return s->o.page_size; }
+
+static void s_req_free (rx_sched_t *s, struct s_req *r)
+{
+    (void) s;
+    if (!r) return;
+    if (r->g && --r->g->n_refs == 0) {
+        rx_request_free (&r->g->req);
+        free (r->g);
+    }
+    free (r->toks);
+    free (r);
+}
+
+static int s_push_token (struct s_req *r, int32_t t)
+{
+    if (r->len == r->cap) {
+        uint32_t nc = r->cap * 2;
+        int32_t *v = realloc (r->toks, (size_t) nc * sizeof *v);
+        if (!v) return RX_ENOMEM;
+        r->toks = v;
+        r->cap = nc;
+    }
+    r->toks[r->len++] = t;
+    return RX_OK;
+}
+
+/* ------------------------------------------------------------ options -- */
+
+int rx_sched_opts_from_conf (const rx_conf_t *conf, struct rx_sched_opts *o, struct rx_err *err)
+{
+    memset (o, 0, sizeof *o);
+    o->policy = NULL;
+    o->page_size = (uint32_t) rx_conf_int (conf, "cache", "page_size", 1);
+    o->radix_cache = rx_conf_bool (conf, "cache", "radix_cache", 1);
+    o->max_running_requests = (int32_t) rx_conf_int (conf, "scheduler", "max_running_requests", 0);
+    o->max_queued_requests = (int32_t) rx_conf_int (conf, "scheduler", "max_queued_requests", 0);
+    o->chunked_prefill_size = (int32_t) rx_conf_int (conf, "scheduler", "chunked_prefill_size", 8192);
+    o->max_prefill_tokens = (int32_t) rx_conf_int (conf, "scheduler", "max_prefill_tokens", 16384);
+    o->schedule_conservativeness = rx_conf_float (conf, "scheduler", "schedule_conservativeness", 1.0);
+    o->init_new_token_ratio = rx_conf_float (conf, "scheduler", "init_new_token_ratio", 0.7);
+    o->min_new_token_ratio_factor = rx_conf_float (conf, "scheduler", "min_new_token_ratio_factor", 0.14);
+    o->new_token_ratio_decay_steps =
+        (int32_t) rx_conf_int (conf, "scheduler", "new_token_ratio_decay_steps", 600);
+    o->eos_id = -2;
+    o->context_len = 0;
+    (void) err;
+    return RX_OK;
+}
+
+int rx_sched_kv_slots (const rx_conf_t *conf, uint64_t bytes_per_token, const uint64_t *free_bytes,
+                       uint32_t *n_slots, struct rx_err *err)
+{
+    const char *spec = rx_conf_str (conf, "cache", "kv_memory", "0.8");
+    uint32_t page = (uint32_t) rx_conf_int (conf, "cache", "page_size", 1);
+    uint64_t fb = 0;
+    if (free_bytes)
+        fb = *free_bytes;
+    else {
+        int rc = rx_kvpool_meminfo_available (NULL, &fb, err);
+        if (rc) return rc;
+    }
+    return rx_kvpool_size_slots (spec, bytes_per_token, fb, page, n_slots, err);
+}
+
+static int s_check_opts (const struct rx_sched_opts *o, struct rx_err *err)
+{
+    if (o->page_size < 1 || o->page_size > RX_KVPOOL_MAX_PAGE_SIZE)
+        return rx_err_set (err, RX_EINVAL, "scheduler: [cache] page_size %u must be in 1..%u",
+                           o->page_size, RX_KVPOOL_MAX_PAGE_SIZE);
+    if (o->max_running_requests < 0)
+        return rx_err_set (err, RX_EINVAL, "scheduler: [scheduler] max_running_requests %d must be >= 0",
+                           o->max_running_requests);
+    if (o->max_queued_requests < 0)
+        return rx_err_set (err, RX_EINVAL, "scheduler: [scheduler] max_queued_requests %d must be >= 0",
+                           o->max_queued_requests);
+    if (o->chunked_prefill_size == 0 || o->chunked_prefill_size < -1)
+        return rx_err_set (err, RX_EINVAL,
+                           "scheduler: [scheduler] chunked_prefill_size %d must be -1 or >= 1",
+                           o->chunked_prefill_size);
+    if (o->max_prefill_tokens < 1)
+        return rx_err_set (err, RX_EINVAL, "scheduler: [scheduler] max_prefill_tokens %d must be >= 1",
+                           o->max_prefill_tokens);
+    if (!(o->schedule_conservativeness > 0) || !(o->init_new_token_ratio >= 0) ||
+        !(o->min_new_token_ratio_factor >= 0) || o->new_token_ratio_decay_steps < 1)
+        return rx_err_set (err, RX_EINVAL,
+                           "scheduler: [scheduler] new-token-ratio settings out of range "
+                           "(conservativeness > 0, ratios >= 0, decay steps >= 1)");
+    return RX_OK;
+}
+
+/* ------------------------------------------------------ create/destroy -- */
+
+static void s_cache_free (void *ud, const int32_t *slots, size_t n)
+{
+    rx_sched_t *s = ud;
+    struct rx_err e = { 0 };
+    if (rx_kvpool_free (s->pool, slots, (uint32_t) n, &e))
+        rx_log (RX_LOG_ERROR, "scheduler: cache eviction: %s", e.msg);
+}
+
+rx_sched_t *rx_sched_new (struct rx_boot *boot, rx_engine_t *engine, const struct rx_sched_opts *o,
+                          struct rx_err *err)
+{
+    if (!boot || !engine) {
+        rx_err_set (err, RX_EINVAL, "scheduler: boot and engine are required");
+        return NULL;
+    }
+    rx_sched_t *s = calloc (1, sizeof *s);
+    if (!s) {
+        rx_err_set (err, RX_ENOMEM, "scheduler: out of memory");
+        return NULL;
+    }
+    s->boot = boot;
+    s->engine = engine;
+    if (o)
+        s->o = *o;
+    else if (rx_sched_opts_from_conf (boot->conf, &s->o, err))
+        goto fail;
+    if (s_check_opts (&s->o, err)) goto fail;
+
+    const struct rx_model_info *mi = rx_engine_info (engine);
+    s->n_vocab = mi->n_vocab;
+    s->ctx = s->o.context_len > 0 ? s->o.context_len : mi->n_ctx_train;
+    if (s->ctx <= 1) s->ctx = 4096;
+    s->engine_max_tokens = rx_engine_max_tokens (engine);
+    int64_t eng_slots = rx_engine_n_slots (engine);
+    uint32_t P = s->o.page_size;
+    uint64_t n_slots = s->o.n_slots ? s->o.n_slots : (uint64_t) eng_slots;
+    if (n_slots > (uint64_t) eng_slots) {
+        rx_err_set (err, RX_EINVAL, "scheduler: KV pool of %llu slots exceeds the engine's %lld",
+                    (unsigned long long) n_slots, (long long) eng_slots);
+        goto fail;
+    }
+    n_slots -= n_slots % P;
+    if (n_slots == 0) {
+        rx_err_set (err, RX_EINVAL, "scheduler: KV pool smaller than one page of %u slots", P);
+        goto fail;
+    }
+    if (s->o.eos_id == -2) {
+        uint32_t eos;
+        s->o.eos_id = rx_gguf_get_u32 (rx_engine_gguf (engine), "tokenizer.ggml.eos_token_id", &eos) == RX_OK
+                          ? (int32_t) eos : -1;
+    }
+    if (s->o.max_running_requests == 0) {
+        uint64_t m = n_slots / 2;
+        s->o.max_running_requests = (int32_t) (m < 1 ? 1 : m > 1024 ? 1024 : m);
+    }
+    /* A decode step runs one token per request: never more than the engine's step. */
+    if (s->o.max_running_requests > s->engine_max_tokens)
+        s->o.max_running_requests = s->engine_max_tokens;
+
+    s->pool = rx_kvpool_new ((uint32_t) n_slots, P, err);
+    if (!s->pool) goto fail;
+    /* One row per running request plus the chunked one. */
+    s->rows = rx_kvpool_rows_new ((uint32_t) s->o.max_running_requests + 1, (uint32_t) s->ctx + 1, err);
+    if (!s->rows) goto fail;
+    s->cache = rx_radix_cache_new (P, s_cache_free, s, err);
+    if (!s->cache) goto fail;
+
+    /* The schedule policy. */
+    int rc;
+    if (s->o.policy) {
+        rc = rx_loader_find (boot->loader, RX_KIND_SCHED_POLICY, s->o.policy, &s->policy_plugin, err);
+        if (rc == RX_OK) rc = rx_plugin_init (s->policy_plugin, boot->conf, err);
+    } else {
+        rc = rx_boot_plugin (boot, "scheduler", "policy", RX_KIND_SCHED_POLICY, &s->policy_plugin, err);
+    }
+    if (rc) goto fail;
+    s->policy = rx_plugin_ops (s->policy_plugin);
+    if (s->policy->create && s->policy->create (rx_plugin_host (s->policy_plugin), &s->policy_inst, err))
+        goto fail;
+
+    struct rx_sampling sp;
+    rx_sampling_defaults (&sp);
+    s->sampler = rx_sampler_new (&sp, s->n_vocab, err);
+    if (!s->sampler) goto fail;
+    s->pen_counts = calloc ((size_t) s->n_vocab, sizeof *s->pen_counts);
+    s->row_buf = malloc ((size_t) s->n_vocab * sizeof *s->row_buf);
+    s->mslots = malloc ((size_t) (s->ctx + 1) * sizeof *s->mslots);
+    if (!s->pen_counts || !s->row_buf || !s->mslots) {
+        rx_err_set (err, RX_ENOMEM, "scheduler: out of memory");
+        goto fail;
+    }
+    double init = s->o.init_new_token_ratio * s->o.schedule_conservativeness;
+    if (init > 1) init = 1;
+    s->new_token_ratio = init;
+    s->min_ratio = init * s->o.min_new_token_ratio_factor;
+    if (s->min_ratio > 1) s->min_ratio = 1;
+    s->ratio_decay = (init - s->min_ratio) / s->o.new_token_ratio_decay_steps;
+    s->st_last_time = s_now ();
+    return s;
+fail:
+    rx_sched_destroy (&s);
+    return NULL;
+}
+
+static void s_free_list (rx_sched_t *s, struct s_list *l)
+{
+    for (size_t i = 0; i < l->n; i++) s_req_free (s, l->v[i]);
+    free (l->v);
+    memset (l, 0, sizeof *l);
+}
+
+void rx_sched_destroy (rx_sched_t **self_p)
+{
+    if (!self_p || !*self_p) return;
+    rx_sched_t *s = *self_p;
+    s_free_list (s, &s->waiting);
+    s_free_list (s, &s->running);
+    s_free_list (s, &s->zombies);
+    s_free_list (s, &s->to_free);
+    s_req_free (s, s->chunked);
+    free (s->batch.v);
+    /* The pool goes away with the cache: no need to hand slots back. */
+    rx_radix_cache_destroy (&s->cache);
+    rx_kvpool_rows_destroy (&s->rows);
+    rx_kvpool_destroy (&s->pool);
+    if (s->policy && s->policy->destroy) s->policy->destroy (s->policy_inst);
+    rx_sampler_destroy (&s->sampler);
+    free (s->pen_counts);
+    free (s->row_buf);
+    free (s->mslots);
+    free (s->b_tokens); free (s->b_pos); free (s->b_q); free (s->b_kvs);
+    free (s->b_slots); free (s->b_out); free (s->logits); free (s->items);
+    free (s->ent); free (s->ent_index); free (s->ent_ids); free (s->ent_lp);
+    free (s->ent_top_lp); free (s->ent_top_ids);
+    free (s);
+    *self_p = NULL;
+}
+
+/* ------------------------------------------------------------- submit -- */
+
+static struct s_req *s_find_any (const rx_sched_t *s, uint64_t rid)
+{
+    const struct s_list *ls[2] = { &s->waiting, &s->running };
+    for (int k = 0; k < 2; k++)
+        for (size_t i = 0; i < ls[k]->n; i++)
+            if (ls[k]->v[i]->rid == rid) return ls[k]->v[i];
+    if (s->chunked && s->chunked->rid == rid) return s->chunked;
+    return NULL;
+}
+
+int rx_sched_submit (rx_sched_t *s, struct rx_request *r, struct rx_err *err)
+{
+    if (!s || !r) return rx_err_set (err, RX_EINVAL, "scheduler: submit: NULL argument");
+    int rc = rx_sampling_params_validate (&r->sp, err);
+    if (rc) return rc;
+    if (r->n_input == 0 || !r->input_ids)
+        return rx_err_set (err, RX_EINVAL, "request %llu: empty prompt", (unsigned long long) r->rid);
+    for (uint32_t i = 0; i < r->n_input; i++)
+        if (r->input_ids[i] < 0 || r->input_ids[i] >= s->n_vocab)
+            return rx_err_set (err, RX_EINVAL, "request %llu: token %d at %u is outside the vocabulary (%d)",
+                               (unsigned long long) r->rid, r->input_ids[i], i, s->n_vocab);
+    if ((int64_t) r->n_input >= s->ctx)
+        return rx_err_set (err, RX_ERANGE,
+                           "request %llu: prompt of %u tokens leaves no room in the context of %d",
+                           (unsigned long long) r->rid, r->n_input, s->ctx);
+    uint32_t P = s_page (s);
+    uint64_t need = ((uint64_t) r->n_input + P) / P * P;   /* prompt + one token, in pages */
+    if (need > rx_kvpool_capacity (s->pool))
+        return rx_err_set (err, RX_ERANGE, "request %llu: prompt of %u tokens does not fit the KV pool of %u",
+                           (unsigned long long) r->rid, r->n_input, rx_kvpool_capacity (s->pool));
+    if (s_find_any (s, r->rid))
+        return rx_err_set (err, RX_EINVAL, "request %llu: rid already in use", (unsigned long long) r->rid);
+    uint32_t n = (uint32_t) r->sp.n;
+    if (s->o.max_queued_requests > 0 && s->waiting.n + n > (size_t) s->o.max_queued_requests)
+        return rx_err_set (err, RX_EAGAIN, "scheduler: queue full (%zu waiting, max_queued_requests %d)",
+                           s->waiting.n, s->o.max_queued_requests);
+
+    struct s_group *g = calloc (1, sizeof *g);
+    struct s_req **sib = calloc (n, sizeof *sib);
+    if (!g || !sib) goto nomem;
+    for (uint32_t i = 0; i < n; i++) {
+        struct s_req *q = calloc (1, sizeof *q);
+        if (!q) goto nomem;
+        sib[i] = q;
+        q->cap = r->n_input + 16;
+        q->toks = malloc ((size_t) q->cap * sizeof *q->toks);
+        if (!q->toks) goto nomem;
+    }
+    if (s->waiting.cap < s->waiting.n + n) {
+        size_t nc = s->waiting.n + n + 16;
+        struct s_req **v = realloc (s->waiting.v, nc * sizeof *v);
+        if (!v) goto nomem;
+        s->waiting.v = v;
+        s->waiting.cap = nc;
+    }
+    /* Commit: nothing below fails. */
+    g->req = *r;
+    memset (r, 0, sizeof *r);
+    rx_sampling_params_init (&r->sp);
+    const struct rx_sampling_params *sp = &g->req.sp;
+    g->n_refs = n;
+    rx_sampling_defaults (&g->samp);
+    g->samp.temperature = sp->temperature;
+    g->samp.top_k = sp->top_k < 0 ? 0 : sp->top_k;
+    g->samp.top_p = sp->top_p;
+    g->samp.min_p = sp->min_p;
+    g->pen.frequency = sp->frequency_penalty;
+    g->pen.presence = sp->presence_penalty;
+    g->pen.repetition = sp->repetition_penalty;
+    g->plain_greedy = (sp->temperature <= 0 || sp->top_k == 1) && sp->frequency_penalty == 0 &&
+                      sp->presence_penalty == 0 && sp->repetition_penalty == 1;
+    int64_t room = (int64_t) s->ctx - g->req.n_input;
+    g->max_new = (int32_t) (sp->max_tokens < 0 || sp->max_tokens > room ? room : sp->max_tokens);
+    uint64_t seed = sp->has_seed ? sp->seed : s_mix (g->req.rid);
+    for (uint32_t i = 0; i < n; i++) {
+        struct s_req *q = sib[i];
+        q->g = g;
+        q->rid = g->req.rid;
+        q->index = i;
+        q->arrival = s->next_arrival++;
+        q->rng = seed + i;
+        q->state = S_WAITING;
+        memcpy (q->toks, g->req.input_ids, (size_t) g->req.n_input * sizeof *q->toks);
+        q->len = q->n_in = g->req.n_input;
+        q->row = -1;
+        q->matched = -1;
+        s->waiting.v[s->waiting.n++] = q;
+    }
+    free (sib);
+    return RX_OK;
+nomem:
+    if (sib)
+        for (uint32_t i = 0; i < n; i++)
+            if (sib[i]) { free (sib[i]->toks); free (sib[i]); }
+    free (sib);
+    free (g);
+    return rx_err_set (err, RX_ENOMEM, "scheduler: out of memory");
+}
+
+/* ------------------------------------------------------ KV bookkeeping -- */
+
+static void s_free_slots (rx_sched_t *s, const int32_t *slots, uint32_t n)
+{
+    struct rx_err e = { 0 };
+    if (n && rx_kvpool_free (s->pool, slots, n, &e))
+        rx_log (RX_LOG_ERROR, "scheduler: %s", e.msg);
+}
+
+static void s_unlock (rx_sched_t *s, struct s_req *r)
+{
+    if (r->node) {
+        struct rx_err e = { 0 };
+        if (rx_radix_cache_unlock (s->cache, r->node, &e))
+            rx_log (RX_LOG_ERROR, "scheduler: %s", e.msg);
+        r->node = NULL;
+    }
+}
+
+/* Give up the request's KV.  insert: put its computed tokens into the cache
+ * first (finish, retract; SGLang's cache_finished_req), else free its own
+ * slots (abort).  The row is released. */
+static void s_release (rx_sched_t *s, struct s_req *r, int insert)
+{
+    if (r->row < 0) return;
+    uint32_t len;   /* row length: n_kv, or more when slots were taken for a step that failed */
+    const int32_t *row = rx_kvpool_rows_get (s->rows, r->row, &len);
+    uint32_t n_kv = r->n_kv;
+    if (insert && s->o.radix_cache && n_kv > 0) {
+        struct rx_radix_match m;
+        struct rx_err e = { 0 };
+        if (rx_radix_cache_insert (s->cache, r->toks, row, n_kv, &m, &e) == RX_OK) {
+            /* [n_prefix, prefix_len): ours, duplicating the cache's: free;
+             * [prefix_len, m.len): the cache's now; [m.len, len): ours: free. */
+            if (m.prefix_len > r->n_prefix)
+                s_free_slots (s, row + r->n_prefix, (uint32_t) m.prefix_len - r->n_prefix);
+            s_free_slots (s, row + m.len, len - (uint32_t) m.len);
+        } else {
+            rx_log (RX_LOG_WARN, "scheduler: cache insert: %s", e.msg);
+            s_free_slots (s, row + r->n_prefix, len - r->n_prefix);
+        }
+    } else {
+        s_free_slots (s, row + r->n_prefix, len - r->n_prefix);
+    }
+    s_unlock (s, r);
+    struct rx_err e = { 0 };
+    rx_kvpool_rows_free (s->rows, r->row, &e);
+    r->row = -1;
+    r->n_kv = r->n_prefix = 0;
+}
+
+/* SGLang's cache_unfinished_req: insert what the request has computed and
+ * take the cache's slots (and lock) for it, so later requests share it. */
+static void s_cache_unfinished (rx_sched_t *s, struct s_req *r)
+{
+    if (!s->o.radix_cache || r->row < 0) return;
+    uint32_t len;
+    const int32_t *row = rx_kvpool_rows_get (s->rows, r->row, &len);
+    struct rx_radix_match m, mm;
+    struct rx_err e = { 0 };
+    if (rx_radix_cache_insert (s->cache, r->toks, row, r->n_kv, &m, &e)) return;
+    if (m.len <= r->n_prefix) return;
+    if (m.prefix_len > r->n_prefix)
+        s_free_slots (s, row + r->n_prefix, (uint32_t) m.prefix_len - r->n_prefix);
+    /* The cache's slots for [0, m.len) (ours past prefix_len, its own before). */
+    if (rx_radix_cache_match (s->cache, r->toks, m.len, s->mslots, &mm, &e) || mm.len != m.len) {
+        rx_log (RX_LOG_ERROR, "scheduler: re-match after insert: %s", e.msg);
+        return;
+    }
+    rx_kvpool_rows_write (s->rows, r->row, 0, s->mslots, (uint32_t) m.len, &e);
+    rx_radix_cache_lock (s->cache, mm.last, &e);
+    s_unlock (s, r);
+    r->node = mm.last;
+    r->n_prefix = (uint32_t) m.len;
+}
+
+/* Slots a request needs for n more tokens (whole new pages). */
+static uint64_t s_need (const rx_sched_t *s, uint32_t n_kv, uint32_t n)
+{
+    uint32_t P = s_page (s);
+    uint64_t have = ((uint64_t) n_kv + P - 1) / P * P;   /* end of its last page */
+    uint64_t want = (uint64_t) n_kv + n;
+    return want <= have ? 0 : (want - have + P - 1) / P * P;
+}
+
+/* Slots for positions n_kv .. n_kv + n of r (appended to its row); evicts
+ * from the cache when the pool is short.  All or nothing. */
+static int s_alloc (rx_sched_t *s, struct s_req *r, uint32_t n)
+{
+    uint32_t len;
+    const int32_t *row = rx_kvpool_rows_get (s->rows, r->row, &len);
+    int32_t last = len ? row[len - 1] : -1;
+    if (len != r->n_kv) return RX_EINTERNAL;
+    int32_t *out = s->mslots;
+    struct rx_err e = { 0 };
+    uint64_t want = s_need (s, r->n_kv, n), avail = rx_kvpool_available (s->pool);
+    if (want > avail) rx_radix_cache_evict (s->cache, (size_t) (want - avail));
+    int rc = rx_kvpool_alloc_extend (s->pool, last, n, out, &e);
+    if (rc) return rc;
+    rc = rx_kvpool_rows_append (s->rows, r->row, out, n, &e);
+    if (rc) s_free_slots (s, out, n);
+    return rc;
+}
+
+static uint64_t s_room (const rx_sched_t *s)
+{
+    return (uint64_t) rx_kvpool_available (s->pool) + rx_radix_cache_evictable_size (s->cache);
+}
+
+/* ------------------------------------------------------------ outputs -- */
+
+static struct rx_ipc_tok_out *s_emit (rx_sched_t *s, struct s_req *r)
+{
+    size_t i = s->n_ent;
+    if (s_grow ((void **) &s->ent, &s->cap_ent, i + 1, sizeof *s->ent)) return NULL;
+    /* parallel arrays follow cap_ent */
+    size_t cap = s->cap_ent;
+    uint32_t *ix = realloc (s->ent_index, cap * sizeof *ix);
+    if (ix) s->ent_index = ix;
+    int32_t *ids = realloc (s->ent_ids, cap * sizeof *ids);
+    if (ids) s->ent_ids = ids;
+    float *lp = realloc (s->ent_lp, cap * sizeof *lp);
+    if (lp) s->ent_lp = lp;
+    int32_t *ti = realloc (s->ent_top_ids, cap * RX_MAX_TOP_LOGPROBS * sizeof *ti);
+    if (ti) s->ent_top_ids = ti;
+    float *tl = realloc (s->ent_top_lp, cap * RX_MAX_TOP_LOGPROBS * sizeof *tl);
+    if (tl) s->ent_top_lp = tl;
+    if (!ix || !ids || !lp || !ti || !tl) return NULL;
+    s->n_ent++;
+    struct rx_ipc_tok_out *t = &s->ent[i];
+    memset (t, 0, sizeof *t);
+    s->ent_index[i] = r->index;
+    t->rid = r->rid;
+    t->finish = RX_FINISH_NONE;
+    t->matched = -1;
+    t->usage.prompt_tokens = r->n_in;
+    t->usage.cached_tokens = r->cached_tokens;
+    t->usage.completion_tokens = r->len - r->n_in;
+    const struct rx_sampling_params *sp = &r->g->req.sp;
+    if (!r->first_sent) {
+        r->first_sent = 1;
+        t->first = 1;
+        t->skip_special_tokens = sp->skip_special_tokens;
+        t->n_stop = sp->n_stop;
+        for (uint32_t k = 0; k < sp->n_stop; k++) t->stop[k] = sp->stop[k];
+    }
+    return t;
+}
+
+/* Point the entries into the flat arrays (after every realloc is done). */
+static void s_finalize_out (rx_sched_t *s, struct rx_sched_out *out)
+{
+    for (size_t i = 0; i < s->n_ent; i++) {
+        struct rx_ipc_tok_out *t = &s->ent[i];
+        t->ids = t->n_ids ? &s->ent_ids[i] : NULL;
+        if (t->has_logprobs) {
+            t->lp.n = t->n_ids;
+            t->lp.ids = NULL;
+            t->lp.logprob = &s->ent_lp[i];
+            t->lp.top_ids = t->lp.n_top ? &s->ent_top_ids[i * RX_MAX_TOP_LOGPROBS] : NULL;
+            t->lp.top_logprob = t->lp.n_top ? &s->ent_top_lp[i * RX_MAX_TOP_LOGPROBS] : NULL;
+        }
+    }
+    out->tokens.step = s->step;
+    out->tokens.n = (uint32_t) s->n_ent;
+    out->tokens.out = s->n_ent ? s->ent : NULL;
+    out->index = s->n_ent ? s->ent_index : NULL;
+}
+
+/* A request is done (finish set): emit happens by the caller; here it
+ * leaves every list and is freed at the next step. */
+static void s_retire (rx_sched_t *s, struct s_req *r)
+{
+    r->state = S_DONE;
+    s_list_push (&s->to_free, r);
+    s->st_finished++;
+}
+
+/* ------------------------------------------------------------- abort -- */
+
+int rx_sched_abort (rx_sched_t *s, uint64_t rid)
+{
+    if (!s) return 0;
+    int n = 0;
+    struct s_req *r;
+    while ((r = s_find_any (s, rid))) {
+        if (r == s->chunked)
+            s->chunked = NULL;
+        else if (!s_list_remove (&s->waiting, r))
+            s_list_remove (&s->running, r);
+        s_release (s, r, 0);
+        r->finish = RX_FINISH_ABORT;
+        r->matched = -1;
+        r->state = S_DONE;
+        s_list_push (&s->zombies, r);
+        n++;
+    }
+    return n;
+}
+
+/* ---------------------------------------------------------- prefill -- */
+
+/* Match every waiting request (at most len - 1 tokens: one must be
+ * computed to get logits) and order them with the policy. */
+static int s_cmp_items (const void *a, const void *b)
+{
+    const struct s_req *x = *(struct s_req *const *) a, *y = *(struct s_req *const *) b;
+    if (x->priority < y->priority) return -1;
+    if (x->priority > y->priority) return 1;
+    return (x->arrival > y->arrival) - (x->arrival < y->arrival);
+}
+
+static int s_order_waiting (rx_sched_t *s, struct rx_err *err)
+{
+    size_t n = s->waiting.n;
+    if (s_grow ((void **) &s->items, &s->cap_items, n, sizeof *s->items))
+        return rx_err_set (err, RX_ENOMEM, "scheduler: out of memory");
+    rx_radix_node_t *root = rx_radix_cache_root (s->cache);
+    for (size_t i = 0; i < n; i++) {
+        struct s_req *r = s->waiting.v[i];
+        r->match_len = 0;
+        r->match_node = root;
+        if (s->o.radix_cache) {
+            struct rx_radix_match m;
+            if (rx_radix_cache_match (s->cache, r->toks, r->len - 1, NULL, &m, err) == RX_OK) {
+                r->match_len = (uint32_t) m.len;
+                r->match_node = m.last;
+            }
+        }
+        struct rx_sched_item *it = &s->items[i];
+        it->rid = r->rid;
+        it->arrival = r->arrival;
+        it->prompt_tokens = r->len;
+        it->cached_tokens = r->match_len;
+        it->node = r->match_node == root ? 0 : (uintptr_t) r->match_node;
+        it->priority = 0;
+    }
+    struct rx_tree_view tv;
+    rx_radix_cache_tree_view (s->cache, &tv);
+    int rc = s->policy->prioritize (s->policy_inst, s->items, n, &tv, s_mix (s->step), err);
+    if (rc) return rc;
+    for (size_t i = 0; i < n; i++) {
+        double p = s->items[i].priority;
+        s->waiting.v[i]->priority = isnan (p) ? 0 : p;
+    }
+    qsort (s->waiting.v, n, sizeof *s->waiting.v, s_cmp_items);
+    return RX_OK;
+}
+
+static int64_t s_reserve_new (const struct s_req *r)
+{
+    int64_t left = (int64_t) r->g->max_new - (int64_t) (r->len - r->n_in);
+    if (left < 0) left = 0;
+    return left > S_CLIP_MAX_NEW ? S_CLIP_MAX_NEW : left;
+}
+
+/* Admit r: row, cached prefix (locked), then `extend` slots.  Undone on
+ * failure (r stays waiting). */
+static int s_admit (rx_sched_t *s, struct s_req *r, uint32_t extend)
+{
+    struct rx_err e = { 0 };
+    int row = rx_kvpool_rows_alloc (s->rows, &e);
+    if (row < 0) return row;
+    r->row = row;
+    r->n_kv = r->n_prefix = 0;
+    if (r->match_len) {
+        struct rx_radix_match m;
+        if (rx_radix_cache_match (s->cache, r->toks, r->match_len, s->mslots, &m, &e) ||
+            m.len != r->match_len) {
+            rx_kvpool_rows_free (s->rows, row, &e);
+            r->row = -1;
+            return RX_EINTERNAL;
+        }
+        rx_kvpool_rows_append (s->rows, row, s->mslots, r->match_len, &e);
+        rx_radix_cache_lock (s->cache, m.last, &e);
+        r->node = m.last;
+        r->n_kv = r->n_prefix = r->match_len;
+    }
+    int rc = s_alloc (s, r, extend);
+    if (rc) {
+        s_unlock (s, r);
+        rx_kvpool_rows_free (s->rows, row, &e);
+        r->row = -1;
+        r->n_kv = r->n_prefix = 0;
+        return rc;
+    }
+    if (!r->admitted_once) {
+        r->admitted_once = 1;
+        r->cached_tokens = r->match_len < r->n_in ? r->match_len : r->n_in;
+        s->st_prompt += r->n_in;
+        s->st_cached += r->cached_tokens;
+    }
+    r->state = S_RUNNING;
+    r->extend = extend;
+    return RX_OK;
+}
+
+/* SGLang's get_new_batch_prefill + PrefillAdder.  Fills s->batch. */
+static int s_form_prefill (rx_sched_t *s, struct rx_err *err)
+{
+    s->batch.n = 0;
+    int64_t n_run = (int64_t) s->running.n + (s->chunked ? 1 : 0);
+    if (!s->chunked && (s->waiting.n == 0 || n_run >= s->o.max_running_requests)) return RX_OK;
+
+    int64_t rem_input = s->o.max_prefill_tokens;
+    if (rem_input > s->engine_max_tokens) rem_input = s->engine_max_tokens;
+    int64_t rem_chunk = s->o.chunked_prefill_size > 0 ? s->o.chunked_prefill_size : S_BIG;
+    if (rem_chunk > s->engine_max_tokens) rem_chunk = s->engine_max_tokens;
+    /* Reserved for the running requests' future tokens. */
+    double offset = 0;
+    for (size_t i = 0; i < s->running.n; i++)
+        offset += (double) s_reserve_new (s->running.v[i]) * s->new_token_ratio;
+
+    /* 1. the chunked request continues. */
+    if (s->chunked) {
+        struct s_req *r = s->chunked;
+        int64_t left = (int64_t) r->len - r->n_kv;
+        int64_t ext = left < rem_chunk ? left : rem_chunk;
+        if (s_alloc (s, r, (uint32_t) ext) == RX_OK) {
+            r->extend = (uint32_t) ext;
+            s_list_push (&s->batch, r);
+            /* Slots are taken at once (SGLang allocates after the adder), so
+             * the room already excludes ext: only the future tokens count. */
+            int truncated = ext < left;
+            offset += truncated ? 0 : (double) s_reserve_new (r);
+            rem_input -= ext;
+            rem_chunk -= ext;
+        } else {
+            return RX_OK;   /* no room now: decode makes progress meanwhile */
+        }
+    }
+    if (s->waiting.n == 0 || rem_chunk <= 0 || rem_input <= 0) return RX_OK;
+
+    int rc = s_order_waiting (s, err);
+    if (rc) return rc;
+
+    size_t i = 0;
+    int64_t n_new = 0;
+    struct s_req *new_chunked = NULL;
+    while (i < s->waiting.n) {
+        if (n_run + n_new >= s->o.max_running_requests) break;
+        struct s_req *r = s->waiting.v[i];
+        int64_t ext = (int64_t) r->len - r->match_len;
+        int64_t total = ext + s_reserve_new (r);
+        double rem_total = (double) s_room (s) - offset;
+        /* Liveness (ours, not SGLang's): with nothing running, the first
+         * request may start even if its whole max_tokens cannot be
+         * reserved; retraction / the context limit handle the rest. */
+        int alone = s->running.n == 0 && s->batch.n == 0 && !s->chunked;
+        if ((double) total >= rem_total && !alone) break;
+        if (ext >= rem_input && s->batch.n > 0) break;
+        int64_t take = ext <= rem_chunk ? ext : rem_chunk;
+        if (take <= 0) break;
+        if (s_admit (s, r, (uint32_t) take) != RX_OK) break;
+        memmove (&s->waiting.v[i], &s->waiting.v[i + 1], (s->waiting.n - i - 1) * sizeof *s->waiting.v);
+        s->waiting.n--;
+        s_list_push (&s->batch, r);
+        n_new++;
+        rem_input -= take;
+        rem_chunk -= take;
+        if (take < ext) {
+            new_chunked = r;
+            break;
+        }
+        offset += (double) s_reserve_new (r);
+        if ((double) s_room (s) - offset <= 0 || rem_input <= 0 || rem_chunk <= 0) break;
+    }
+    /* new_chunked (if any) becomes s->chunked after the forward pass: only
+     * one request is mid-prompt at a time, since a request is cut only when
+     * the chunk budget runs out. */
+    (void) new_chunked;
+    return RX_OK;
+}
+
+/* ----------------------------------------------------------- decode -- */
+
+/* SGLang's retract_decode order: fewest generated tokens first, then the
+ * longest prompt, then the newest. */
+static size_t s_pick_victim (const rx_sched_t *s)
+{
+    size_t best = 0;
+    for (size_t i = 1; i < s->running.n; i++) {
+        const struct s_req *a = s->running.v[i], *b = s->running.v[best];
+        uint32_t oa = a->len - a->n_in, ob = b->len - b->n_in;
+        if (oa != ob) { if (oa < ob) best = i; continue; }
+        if (a->n_in != b->n_in) { if (a->n_in > b->n_in) best = i; continue; }
+        if (a->arrival > b->arrival) best = i;
+    }
+    return best;
+}
+
+static uint64_t s_need_all (const rx_sched_t *s, uint32_t steps)
+{
+    uint64_t need = 0;
+    for (size_t i = 0; i < s->running.n; i++)
+        need += s_need (s, s->running.v[i]->n_kv, steps);
+    return need;
+}
+
+static void s_retract (rx_sched_t *s, size_t i)
+{
+    struct s_req *r = s->running.v[i];
+    memmove (&s->running.v[i], &s->running.v[i + 1], (s->running.n - i - 1) * sizeof *s->running.v);
+    s->running.n--;
+    s_release (s, r, 1);
+    r->state = S_WAITING;
+    s_list_push (&s->waiting, r);
+    s->st_retract++;
+}
+
+static int s_form_decode (rx_sched_t *s, struct rx_sched_out *out)
+{
+    s->batch.n = 0;
+    if (!s->running.n) return RX_OK;
+    if (s_need_all (s, 1) > s_room (s)) {
+        /* Retract until the rest have room for S_RETRACT_STEPS more tokens
+         * each (at least one retraction; one request always stays). */
+        int first = 1;
+        while (s->running.n > 1 && (first || s_room (s) < s_need_all (s, S_RETRACT_STEPS))) {
+            first = 0;
+            s_retract (s, s_pick_victim (s));
+            out->n_retracted++;
+        }
+        uint64_t dec = 0, maxnew = 0;
+        for (size_t i = 0; i < s->running.n; i++) {
+            dec += s->running.v[i]->len - s->running.v[i]->n_in;
+            maxnew += (uint64_t) s->running.v[i]->g->max_new;
+        }
+        double r = maxnew ? (double) (dec + S_RETRACT_STEPS * s->running.n) / (double) maxnew : 1;
+        s->new_token_ratio = r < 1 ? r : 1;
+        if (s_need_all (s, 1) > s_room (s)) {
+            /* A lone request that outgrew the pool: it ends here. */
+            struct s_req *r0 = s->running.v[0];
+            s->running.n = 0;
+            r0->finish = RX_FINISH_LENGTH;
+            struct rx_ipc_tok_out *t = s_emit (s, r0);
+            if (t) t->finish = RX_FINISH_LENGTH;
+            s_release (s, r0, 1);
+            s_retire (s, r0);
+            return RX_OK;
+        }
+    } else {
+        s->new_token_ratio -= s->ratio_decay;
+        if (s->new_token_ratio < s->min_ratio) s->new_token_ratio = s->min_ratio;
+    }
+    for (size_t i = 0; i < s->running.n;) {
+        struct s_req *r = s->running.v[i];
+        if (s_alloc (s, r, 1) != RX_OK) {   /* not expected after the room check */
+            s_retract (s, i);
+            out->n_retracted++;
+            continue;
+        }
+        r->extend = 1;
+        s_list_push (&s->batch, r);
+        i++;
+    }
+    return RX_OK;
+}
+
+/* ---------------------------------------------------- forward, sample -- */
+
+static int s_forward (rx_sched_t *s, struct rx_err *err)
+{
+    size_t n_seq = s->batch.n, n_tok = 0, n_slot = 0, n_out = 0;
+    for (size_t i = 0; i < n_seq; i++) {
+        struct s_req *r = s->batch.v[i];
+        n_tok += r->extend;
+        n_slot += r->n_kv + r->extend;
+    }
+    if (s_grow ((void **) &s->b_tokens, &s->cap_tok, n_tok, sizeof (int32_t)) ||
+        s_grow ((void **) &s->b_slots, &s->cap_slots, n_slot, sizeof (int32_t)))
+        return rx_err_set (err, RX_ENOMEM, "scheduler: out of memory");
+    size_t cap_seq;
+    /* b_pos follows cap_tok; q/kv/out follow cap_seq */
+    int32_t *pos = realloc (s->b_pos, s->cap_tok * sizeof *pos);
+    if (pos) s->b_pos = pos;
+    if (n_seq + 1 > s->cap_seq) {
+        cap_seq = n_seq + 64;
+        int32_t *q = realloc (s->b_q, cap_seq * sizeof *q);
+        if (q) s->b_q = q;
+        int32_t *kv = realloc (s->b_kvs, cap_seq * sizeof *kv);
+        if (kv) s->b_kvs = kv;
+        int32_t *o = realloc (s->b_out, cap_seq * sizeof *o);
+        if (o) s->b_out = o;
+        if (!q || !kv || !o) return rx_err_set (err, RX_ENOMEM, "scheduler: out of memory");
+        s->cap_seq = cap_seq;
+    }
+    if (!pos) return rx_err_set (err, RX_ENOMEM, "scheduler: out of memory");
+    size_t t = 0, k = 0;
+    for (size_t i = 0; i < n_seq; i++) {
+        struct s_req *r = s->batch.v[i];
+        uint32_t len;
+        const int32_t *row = rx_kvpool_rows_get (s->rows, r->row, &len);
+        s->b_q[i] = (int32_t) t;
+        s->b_kvs[i] = (int32_t) k;
+        memcpy (&s->b_slots[k], row, (size_t) (r->n_kv + r->extend) * sizeof (int32_t));
+        k += r->n_kv + r->extend;
+        for (uint32_t j = 0; j < r->extend; j++) {
+            s->b_tokens[t] = r->toks[r->n_kv + j];
+            s->b_pos[t] = (int32_t) (r->n_kv + j);
+            t++;
+        }
+        if (r->n_kv + r->extend == r->len) s->b_out[n_out++] = (int32_t) t - 1;
+    }
+    s->b_q[n_seq] = (int32_t) t;
+    s->b_kvs[n_seq] = (int32_t) k;
+    if (s_grow ((void **) &s->logits, &s->cap_logits, n_out * (size_t) s->n_vocab + 1, sizeof (float)))
+        return rx_err_set (err, RX_ENOMEM, "scheduler: out of memory");
+    struct rx_model_batch b = {
+        .struct_size = sizeof b,
+        .n_tokens = (int32_t) n_tok,
+        .tokens = s->b_tokens,
+        .pos = s->b_pos,
+        .n_seq = (int32_t) n_seq,
+        .q_start = s->b_q,
+        .kv_start = s->b_kvs,
+        .kv_slots = s->b_slots,
+        .n_out = (int32_t) n_out,
+        .out_rows = s->b_out,
+        .logits = NULL,
+    };
+    return rx_engine_forward (s->engine, &b, n_out ? s->logits : NULL, err);
+}
+
+static int s_is_stop_id (const struct rx_sampling_params *sp, int32_t t)
+{
+    for (uint32_t i = 0; i < sp->n_stop_ids; i++)
+        if (sp->stop_ids[i] == t) return 1;
+    return 0;
+}
+
+/* Sample r's next token from its raw logits row, emit it, check finish.
+ * Returns 1 when the request finished. */
+static int s_sample (rx_sched_t *s, struct s_req *r, const float *raw)
+{
+    const struct rx_sampling_params *sp = &r->g->req.sp;
+    const int32_t V = s->n_vocab;
+    uint32_t n_out = r->len - r->n_in;
+    if ((int64_t) n_out >= r->g->max_new) {   /* max_tokens 0 */
+        r->finish = RX_FINISH_LENGTH;
+        struct rx_ipc_tok_out *t = s_emit (s, r);
+        if (t) t->finish = RX_FINISH_LENGTH;
+        return 1;
+    }
+    int ban = (int64_t) n_out < sp->min_tokens;
+    int32_t tok;
+    if (r->g->plain_greedy && !ban) {
+        tok = rx_argmax (raw, V);
+    } else {
+        float *row = s->row_buf;
+        memcpy (row, raw, (size_t) V * sizeof *row);
+        rx_penalties_apply (row, V, &r->g->pen, r->toks, r->n_in, r->toks + r->n_in, n_out,
+                            s->pen_counts);
+        if (ban) {
+            if (s->o.eos_id >= 0) rx_logits_ban (row, V, &s->o.eos_id, 1);
+            rx_logits_ban (row, V, sp->stop_ids, sp->n_stop_ids);
+        }
+        tok = rx_sampler_sample_with (s->sampler, &r->g->samp, &r->rng, row);
+    }
+    if (s_push_token (r, tok)) {
+        r->finish = RX_FINISH_ABORT;
+        struct rx_ipc_tok_out *t = s_emit (s, r);
+        if (t) t->finish = RX_FINISH_ABORT;
+        return 1;
+    }
+    s->st_gen++;
+    struct rx_ipc_tok_out *t = s_emit (s, r);
+    if (!t) return 0;   /* out of memory for the output: the token stays (reported next time) */
+    size_t i = (size_t) (t - s->ent);
+    t->n_ids = 1;
+    s->ent_ids[i] = tok;
+    if (sp->logprobs) {
+        t->has_logprobs = 1;
+        t->lp.n_top = (uint32_t) sp->top_logprobs;
+        s->ent_lp[i] = rx_logprobs (raw, V, tok, sp->top_logprobs,
+                                    &s->ent_top_ids[i * RX_MAX_TOP_LOGPROBS],
+                                    &s->ent_top_lp[i * RX_MAX_TOP_LOGPROBS]);
+    }
+    n_out++;
+    if (!sp->ignore_eos && s->o.eos_id >= 0 && tok == s->o.eos_id) {
+        r->finish = RX_FINISH_EOS;
+        r->matched = tok;
+    } else if (s_is_stop_id (sp, tok)) {
+        r->finish = RX_FINISH_STOP_ID;
+        r->matched = tok;
+    } else if ((int64_t) n_out >= r->g->max_new) {
+        r->finish = RX_FINISH_LENGTH;
+    }
+    t->finish = r->finish;
+    t->matched = r->finish == RX_FINISH_LENGTH ? -1 : r->matched;
+    return r->finish != RX_FINISH_NONE;
+}
+
+/* ------------------------------------------------------------- step -- */
+
+int rx_sched_step (rx_sched_t *s, struct rx_sched_out *out, struct rx_err *err)
+{
+    memset (out, 0, sizeof *out);
+    if (!s) return rx_err_set (err, RX_EINVAL, "scheduler: step: NULL scheduler");
+    for (size_t i = 0; i < s->to_free.n; i++) s_req_free (s, s->to_free.v[i]);
+    s->to_free.n = 0;
+    s->n_ent = 0;
+    for (size_t i = 0; i < s->zombies.n; i++) {
+        struct s_req *r = s->zombies.v[i];
+        struct rx_ipc_tok_out *t = s_emit (s, r);
+        if (t) t->finish = RX_FINISH_ABORT;
+        s_list_push (&s->to_free, r);
+        s->st_finished++;
+    }
+    s->zombies.n = 0;
+    s->step++;
+    rx_radix_cache_tick (s->cache);
+
+    int rc = s_form_prefill (s, err);
+    if (rc) goto done;
+    if (s->batch.n)
+        out->kind = RX_SCHED_PREFILL;
+    else {
+        s_form_decode (s, out);
+        if (s->batch.n) out->kind = RX_SCHED_DECODE;
+    }
+    if (!s->batch.n) goto done;
+    out->n_seq = (int32_t) s->batch.n;
+    for (size_t i = 0; i < s->batch.n; i++) out->n_tokens += (int32_t) s->batch.v[i]->extend;
+
+    rc = s_forward (s, err);
+    if (rc) {
+        /* The batch cannot run: abort its requests (one clear error up). */
+        for (size_t i = 0; i < s->batch.n; i++) {
+            struct s_req *r = s->batch.v[i];
+            if (r == s->chunked) s->chunked = NULL;
+            s_list_remove (&s->running, r);
+            s_release (s, r, 0);
+            r->finish = RX_FINISH_ABORT;
+            struct rx_ipc_tok_out *t = s_emit (s, r);
+            if (t) t->finish = RX_FINISH_ABORT;
+            s_retire (s, r);
+        }
+        goto done;
+    }
+    int prefill = out->kind == RX_SCHED_PREFILL;
+    if (prefill) s->chunked = NULL;
+    size_t k = 0;
+    for (size_t i = 0; i < s->batch.n; i++) {
+        struct s_req *r = s->batch.v[i];
+        r->n_kv += r->extend;
+        if (prefill) s->st_computed += r->extend;
+        if (r->n_kv < r->len) {   /* mid-prompt: keep the computed part cached */
+            s->chunked = r;
+            s_cache_unfinished (s, r);
+            continue;
+        }
+        const float *row = s->logits + k++ * (size_t) s->n_vocab;
+        if (s_sample (s, r, row)) {
+            s_list_remove (&s->running, r);
+            s_release (s, r, 1);
+            s_retire (s, r);
+        } else if (prefill) {
+            s_cache_unfinished (s, r);
+            s_list_push (&s->running, r);
+        }
+    }
+done:
+    s_finalize_out (s, out);
+    s->batch.n = 0;
+    return rc;
+}
+
+int rx_sched_idle (const rx_sched_t *s)
+{
+    return !s->waiting.n && !s->running.n && !s->chunked && !s->zombies.n;
+}
+
+int rx_sched_flush_cache (rx_sched_t *s, size_t *freed, struct rx_err *err)
+{
+    if (freed) *freed = 0;
+    if (!rx_sched_idle (s))
+        return rx_err_set (err, RX_EAGAIN, "scheduler: cannot flush the cache: requests are running");
+    size_t n = rx_radix_cache_flush (s->cache, NULL);
+    if (freed) *freed = n;
+    return RX_OK;
+}
+
+void rx_sched_stats (rx_sched_t *s, struct rx_sched_stats *st)
+{
+    memset (st, 0, sizeof *st);
+    st->running = (uint32_t) s->running.n + (s->chunked ? 1 : 0);
+    st->queued = (uint32_t) s->waiting.n;
+    st->kv_used = rx_kvpool_used (s->pool);
+    st->kv_total = rx_kvpool_capacity (s->pool);
+    st->kv_free = rx_kvpool_available (s->pool);
+    st->cache_tokens = rx_radix_cache_total_size (s->cache);
+    st->cache_evictable = rx_radix_cache_evictable_size (s->cache);
+    st->cache_protected = rx_radix_cache_protected_size (s->cache);
+    st->steps = s->step;
+    st->prompt_tokens = s->st_prompt;
+    st->cached_tokens = s->st_cached;
+    st->computed_tokens = s->st_computed;
+    st->gen_tokens = s->st_gen;
+    st->retractions = s->st_retract;
+    st->finished = s->st_finished;
+    st->new_token_ratio = s->new_token_ratio;
+    st->cache_hit_rate = s->st_prompt ? (double) s->st_cached / (double) s->st_prompt : 0;
+    double now = s_now (), dt = now - s->st_last_time;
+    if (dt > 0) {
+        st->prompt_tps = (double) (s->st_computed - s->st_last_prompt) / dt;
+        st->gen_tps = (double) (s->st_gen - s->st_last_gen) / dt;
+    }
+    s->st_last_time = now;
+    s->st_last_prompt = s->st_computed;
+    s->st_last_gen = s->st_gen;
+}
+
+struct rx_radix_cache *rx_sched_cache (rx_sched_t *s) { return s->cache; }
+struct rx_kvpool *rx_sched_pool (rx_sched_t *s) { return s->pool; }
+
+/* ------------------------------------------------------------- check -- */
+
+struct s_chk {
+    uint8_t *own;     /* per slot: how many owners */
+    uint32_t cap;
+    int bad;
+};
+
+static int s_chk_node (void *ud, const struct rx_radix_node_info *in)
+{
+    struct s_chk *c = ud;
+    for (size_t i = 0; i < in->len; i++) {
+        int32_t sl = in->slots[i];
+        if (sl < 0 || (uint32_t) sl >= c->cap) { c->bad = 1; return 1; }
+        c->own[sl]++;
+    }
+    return 0;
+}
+
+int rx_sched_check (rx_sched_t *s, struct rx_err *err)
+{
+    int rc = rx_radix_cache_check (s->cache, err);
+    if (rc) return rc;
+    struct s_chk c = { .cap = rx_kvpool_capacity (s->pool) };
+    c.own = calloc (c.cap, 1);
+    if (!c.own) return rx_err_set (err, RX_ENOMEM, "scheduler: out of memory");
+    rx_radix_cache_visit (s->cache, s_chk_node, &c);
+    rc = RX_OK;
+    struct s_req *cur[1] = { s->chunked };
+    const struct s_list one = { cur, s->chunked ? 1 : 0, 1 };
+    const struct s_list *ls[3] = { &s->running, &one, &s->waiting };
+    uint64_t locks = 0;
+    for (int l = 0; l < 3 && !rc; l++)
+        for (size_t i = 0; i < ls[l]->n && !rc; i++) {
+            struct s_req *r = ls[l]->v[i];
+            if (r->row < 0) {
+                if (r->state == S_RUNNING)
+                    rc = rx_err_set (err, RX_EINTERNAL, "scheduler check: running request %llu has no row",
+                                     (unsigned long long) r->rid);
+                continue;
+            }
+            uint32_t len;
+            const int32_t *row = rx_kvpool_rows_get (s->rows, r->row, &len);
+            if (len != r->n_kv || r->n_prefix > r->n_kv) {
+                rc = rx_err_set (err, RX_EINTERNAL, "scheduler check: request %llu row length %u, n_kv %u",
+                                 (unsigned long long) r->rid, len, r->n_kv);
+                break;
+            }
+            if (r->node) locks++;
+            for (uint32_t j = r->n_prefix; j < len; j++) {
+                if (row[j] < 0 || (uint32_t) row[j] >= c.cap) { c.bad = 1; break; }
+                c.own[row[j]]++;
+            }
+        }
+    for (uint32_t i = 0; i < c.cap && !rc; i++) {
+        int alloc = rx_kvpool_is_allocated (s->pool, (int32_t) i);
+        /* With pages, a request's last page may have unused slots that are
+         * not handed out; every handed-out slot must have exactly one owner. */
+        if (c.own[i] > 1 || (alloc && c.own[i] != 1) || (!alloc && c.own[i]))
+            rc = rx_err_set (err, RX_EINTERNAL, "scheduler check: slot %u has %u owners (allocated %d)",
+                             i, c.own[i], alloc);
+    }
+    if (!rc && c.bad) rc = rx_err_set (err, RX_EINTERNAL, "scheduler check: slot index out of range");
+    if (!rc && !locks && rx_radix_cache_protected_size (s->cache))
+        rc = rx_err_set (err, RX_EINTERNAL, "scheduler check: no request holds a lock, yet %zu tokens are protected",
+                         rx_radix_cache_protected_size (s->cache));
+    free (c.own);
+    return rc;
+}

@@ -1,0 +1,1016 @@
+/* tests/unit/test_scheduler.c -- the scheduler core (core/scheduler.c) on the
+ * real tiny-llama model: outputs of many concurrent requests equal each
+ * request run alone through the engine, prefix-cache hits, chunked prefill,
+ * retraction under a tiny KV pool, aborts returning the pool and the cache
+ * locks, queue limits, n > 1 with seeds, finish rules, logprobs, flush,
+ * every schedule policy; plus the sampling extensions (penalties,
+ * logprobs) and the dfs_weight policy plugin on a synthetic tree.
+ *
+ * References are computed with a second engine driven directly through
+ * rx_engine_forward (one request at a time, whole-prompt prefill then one
+ * token per step), never through the scheduler. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <radix/policy.h>
+
+#include "boot.h"
+#include "engine.h"
+#include "kvpool.h"
+#include "loader.h"
+#include "radix_cache.h"
+#include "sampling.h"
+#include "scheduler.h"
+#include "../testutil.h"
+
+#define MAXR 64
+#define MAXG 600
+
+/* ------------------------------------------------------------ fixture -- */
+
+struct env {
+    struct rx_boot boot;
+    rx_engine_t *ref;    /* reference runs */
+    rx_engine_t *eng;    /* the scheduler's */
+    int32_t V;
+};
+
+static char *s_model_path (void)
+{
+    char *dir = tu_path (tu_env ("RADIX_SHARED"), "data/models");
+    char *p = tu_path (dir, "tiny-llama.gguf");
+    free (dir);
+    return p;
+}
+
+static void s_env_open (struct env *e)
+{
+    memset (e, 0, sizeof *e);
+    setenv ("RADIX_PLUGIN_PATH", tu_env ("RX_PLUGIN_BUILD_DIR"), 1);
+    struct rx_err err = { 0 };
+    cr_assert_eq (rx_boot_open (&e->boot, NULL, 0, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (rx_conf_set (e->boot.conf, "kernels", "threads", "1", &err), RX_OK, "%s", err.msg);
+    char *m = s_model_path ();
+    struct rx_engine_opts o = { .model_path = m, .n_slots = 512, .max_tokens = 512 };
+    e->ref = rx_engine_new (&e->boot, &o, &err);
+    cr_assert_not_null (e->ref, "%s", err.msg);
+    e->eng = rx_engine_new (&e->boot, &o, &err);
+    cr_assert_not_null (e->eng, "%s", err.msg);
+    free (m);
+    e->V = rx_engine_info (e->eng)->n_vocab;
+}
+
+static void s_env_close (struct env *e)
+{
+    rx_engine_destroy (&e->ref);
+    rx_engine_destroy (&e->eng);
+    rx_boot_close (&e->boot);
+}
+
+static struct rx_sched_opts s_opts (struct env *e, const char *policy)
+{
+    struct rx_sched_opts o;
+    struct rx_err err = { 0 };
+    cr_assert_eq (rx_sched_opts_from_conf (e->boot.conf, &o, &err), RX_OK);
+    o.policy = policy;
+    return o;
+}
+
+static rx_sched_t *s_sched (struct env *e, const struct rx_sched_opts *o)
+{
+    struct rx_err err = { 0 };
+    rx_sched_t *s = rx_sched_new (&e->boot, e->eng, o, &err);
+    cr_assert_not_null (s, "%s", err.msg);
+    return s;
+}
+
+/* Deterministic pseudo-random prompt tokens (ids 3 .. 31999). */
+static uint64_t s_lcg = 1;
+static int32_t s_rand_tok (void)
+{
+    s_lcg = s_lcg * 6364136223846793005ull + 1442695040888963407ull;
+    return (int32_t) (3 + (s_lcg >> 33) % 31997);
+}
+
+/* --------------------------------------------------------- reference -- */
+
+/* Run prompt alone on e->ref: logits of every generated step go to
+ * logits_out[k] (NULL: not kept); greedy unless samp (then seeded sampling
+ * exactly as the scheduler's sampler does it).  Returns tokens generated. */
+static int s_reference (struct env *e, const int32_t *prompt, int n_prompt, int n_gen,
+                        const struct rx_sampling *samp, int32_t *out, float *logits_out)
+{
+    struct rx_err err = { 0 };
+    int32_t toks[MAXG], pos[MAXG], slots[MAXG];
+    float *logits = malloc ((size_t) e->V * sizeof (float));
+    rx_sampler_t *sm = NULL;
+    if (samp) {
+        sm = rx_sampler_new (samp, e->V, &err);
+        cr_assert_not_null (sm, "%s", err.msg);
+    }
+    for (int i = 0; i < MAXG; i++) slots[i] = i;
+    int n = n_prompt;
+    memcpy (toks, prompt, (size_t) n_prompt * sizeof *toks);
+    int done = 0, start = 0;
+    while (done < n_gen) {
+        int nt = n - start;
+        for (int i = 0; i < nt; i++) pos[i] = start + i;
+        int32_t q[2] = { 0, nt }, kv[2] = { 0, n }, orow = nt - 1;
+        struct rx_model_batch b = { .struct_size = sizeof b, .n_tokens = nt, .tokens = toks + start,
+                                    .pos = pos, .n_seq = 1, .q_start = q, .kv_start = kv,
+                                    .kv_slots = slots, .n_out = 1, .out_rows = &orow };
+        cr_assert_eq (rx_engine_forward (e->ref, &b, logits, &err), RX_OK, "%s", err.msg);
+        if (logits_out) memcpy (logits_out + (size_t) done * e->V, logits, (size_t) e->V * sizeof (float));
+        int32_t t = sm ? rx_sampler_sample (sm, logits) : rx_argmax (logits, e->V);
+        out[done++] = t;
+        start = n;
+        toks[n++] = t;
+    }
+    rx_sampler_destroy (&sm);
+    free (logits);
+    return done;
+}
+
+/* ------------------------------------------------------------ driver -- */
+
+struct res {
+    uint64_t rid;
+    uint32_t index;
+    int32_t  ids[MAXG];
+    float    lp[MAXG];
+    int32_t  top_ids[MAXG][5];
+    float    top_lp[MAXG][5];
+    int      n;
+    int      finish;
+    int32_t  matched;
+    uint32_t cached, prompt, completion;
+    int      n_first;
+};
+
+struct run {
+    struct res r[MAXR];
+    int n;
+    int steps, prefill_steps, decode_steps, retracted;
+};
+
+static struct res *s_res (struct run *run, uint64_t rid, uint32_t index)
+{
+    for (int i = 0; i < run->n; i++)
+        if (run->r[i].rid == rid && run->r[i].index == index) return &run->r[i];
+    cr_assert (run->n < MAXR);
+    struct res *r = &run->r[run->n++];
+    memset (r, 0, sizeof *r);
+    r->rid = rid;
+    r->index = index;
+    r->matched = -1;
+    return r;
+}
+
+static void s_collect (struct run *run, const struct rx_sched_out *o)
+{
+    for (uint32_t i = 0; i < o->tokens.n; i++) {
+        const struct rx_ipc_tok_out *t = &o->tokens.out[i];
+        struct res *r = s_res (run, t->rid, o->index[i]);
+        cr_assert_eq (r->finish, 0, "rid %llu output after its finish", (unsigned long long) t->rid);
+        cr_assert (t->n_ids <= 1);
+        for (uint32_t k = 0; k < t->n_ids; k++) {
+            cr_assert (r->n < MAXG);
+            if (t->has_logprobs) {
+                r->lp[r->n] = t->lp.logprob[k];
+                for (uint32_t j = 0; j < t->lp.n_top && j < 5; j++) {
+                    r->top_ids[r->n][j] = t->lp.top_ids[k * t->lp.n_top + j];
+                    r->top_lp[r->n][j] = t->lp.top_logprob[k * t->lp.n_top + j];
+                }
+            }
+            r->ids[r->n++] = t->ids[k];
+        }
+        r->finish = t->finish;
+        r->matched = t->matched;
+        r->cached = t->usage.cached_tokens;
+        r->prompt = t->usage.prompt_tokens;
+        r->completion = t->usage.completion_tokens;
+        r->n_first += t->first;
+        cr_assert_eq ((int) r->completion, r->n, "usage counts the tokens: rid %llu/%u completion %u n %d finish %d", (unsigned long long) t->rid, o->index[i], r->completion, r->n, t->finish);
+    }
+}
+
+/* Step until idle (bounded), checking the bookkeeping every step. */
+static void s_drain (rx_sched_t *s, struct run *run, int max_steps)
+{
+    struct rx_err err = { 0 };
+    for (int k = 0; k < max_steps; k++) {
+        if (rx_sched_idle (s)) return;
+        struct rx_sched_out o;
+        cr_assert_eq (rx_sched_step (s, &o, &err), RX_OK, "%s", err.msg);
+        run->steps++;
+        run->prefill_steps += o.kind == RX_SCHED_PREFILL;
+        run->decode_steps += o.kind == RX_SCHED_DECODE;
+        run->retracted += o.n_retracted;
+        s_collect (run, &o);
+        cr_assert_eq (rx_sched_check (s, &err), RX_OK, "step %d: %s", k, err.msg);
+    }
+    cr_assert (rx_sched_idle (s), "not idle after %d steps", max_steps);
+}
+
+static void s_submit (rx_sched_t *s, uint64_t rid, const int32_t *prompt, int n, int max_tokens,
+                      void (*tweak) (struct rx_request *))
+{
+    struct rx_request r = { 0 };
+    rx_sampling_params_init (&r.sp);
+    r.rid = rid;
+    r.kind = RX_REQ_GENERATE;
+    r.input_ids = malloc ((size_t) n * sizeof (int32_t));
+    memcpy (r.input_ids, prompt, (size_t) n * sizeof (int32_t));
+    r.n_input = (uint32_t) n;
+    r.sp.temperature = 0;
+    r.sp.max_tokens = max_tokens;
+    r.sp.ignore_eos = 1;
+    if (tweak) tweak (&r);
+    struct rx_err err = { 0 };
+    cr_assert_eq (rx_sched_submit (s, &r, &err), RX_OK, "%s", err.msg);
+    cr_assert_null (r.input_ids, "ownership taken");
+    rx_request_free (&r);
+}
+
+/* A workload of prompts with optional shared prefixes. */
+struct work {
+    int n;
+    int32_t prompt[MAXR][200];
+    int n_prompt[MAXR];
+    int max_tokens[MAXR];
+    int32_t ref[MAXR][MAXG];
+};
+
+static void s_make_work (struct env *e, struct work *w, int n, uint64_t seed, int shared)
+{
+    s_lcg = seed;
+    w->n = n;
+    int32_t pre[3][40];
+    for (int g = 0; g < 3; g++)
+        for (int j = 0; j < 40; j++) pre[g][j] = s_rand_tok ();
+    for (int i = 0; i < n; i++) {
+        int len = 5 + (int) (s_rand_tok () % 50);
+        int k = 0;
+        w->prompt[i][k++] = 1;
+        if (shared && i % 4 != 3) {   /* three groups share a 40-token prefix */
+            memcpy (&w->prompt[i][k], pre[i % 3], sizeof pre[0]);
+            k += 40;
+        }
+        for (int j = 0; j < len; j++) w->prompt[i][k++] = s_rand_tok ();
+        w->n_prompt[i] = k;
+        w->max_tokens[i] = 4 + (int) (s_rand_tok () % 16);
+        s_reference (e, w->prompt[i], k, w->max_tokens[i], NULL, w->ref[i], NULL);
+    }
+}
+
+static void s_submit_work (rx_sched_t *s, const struct work *w)
+{
+    for (int i = 0; i < w->n; i++)
+        s_submit (s, 100 + (uint64_t) i, w->prompt[i], w->n_prompt[i], w->max_tokens[i], NULL);
+}
+
+static void s_check_work (const struct work *w, struct run *run, const char *what)
+{
+    for (int i = 0; i < w->n; i++) {
+        struct res *r = s_res (run, 100 + (uint64_t) i, 0);
+        cr_assert_eq (r->finish, RX_FINISH_LENGTH, "%s: request %d finish %d", what, i, r->finish);
+        cr_assert_eq (r->n, w->max_tokens[i], "%s: request %d: %d tokens", what, i, r->n);
+        cr_assert_eq (r->n_first, 1);
+        cr_assert_eq (r->prompt, (uint32_t) w->n_prompt[i]);
+        for (int k = 0; k < r->n; k++)
+            cr_assert_eq (r->ids[k], w->ref[i][k], "%s: request %d token %d: %d, alone %d", what, i,
+                          k, r->ids[k], w->ref[i][k]);
+    }
+}
+
+/* -------------------------------------------------------------- tests -- */
+
+Test (scheduler, reference_prompts_concurrently_match_llamacpp_and_the_engine_alone)
+{
+    struct env e;
+    s_env_open (&e);
+    char path[4096];
+    snprintf (path, sizeof path, "%s/data/models/tiny-llama.json", tu_env ("RADIX_SHARED"));
+    json_error_t je;
+    json_t *root = json_load_file (path, 0, &je);
+    cr_assert_not_null (root, "%s", je.text);
+    json_t *ps = json_object_get (root, "prompts");
+    size_t np = json_array_size (ps);
+    cr_assert (np >= 4);
+    struct rx_sched_opts o = s_opts (&e, "fcfs");
+    rx_sched_t *s = s_sched (&e, &o);
+    int32_t prompt[4][64], greedy[4][32], alone[4][32];
+    int n_prompt[4];
+    double gap[4][32];
+    for (size_t i = 0; i < 4; i++) {
+        json_t *p = json_array_get (ps, i), *a = json_object_get (p, "prompt_ids");
+        n_prompt[i] = (int) json_array_size (a);
+        for (int j = 0; j < n_prompt[i]; j++) prompt[i][j] = (int32_t) json_integer_value (json_array_get (a, (size_t) j));
+        a = json_object_get (p, "greedy_ids");
+        for (int j = 0; j < 32; j++) greedy[i][j] = (int32_t) json_integer_value (json_array_get (a, (size_t) j));
+        json_t *st = json_object_get (p, "steps");
+        for (int j = 0; j < 32; j++)
+            gap[i][j] = json_number_value (json_object_get (json_array_get (st, (size_t) (n_prompt[i] - 1 + j)), "top2_gap"));
+        s_reference (&e, prompt[i], n_prompt[i], 32, NULL, alone[i], NULL);
+        s_submit (s, 10 + i, prompt[i], n_prompt[i], 32, NULL);
+    }
+    struct run *run = calloc (1, sizeof *run);
+    s_drain (s, run, 400);
+    for (int i = 0; i < 4; i++) {
+        struct res *r = s_res (run, 10 + (uint64_t) i, 0);
+        cr_assert_eq (r->n, 32);
+        for (int k = 0; k < 32; k++) cr_assert_eq (r->ids[k], alone[i][k], "prompt %d token %d", i, k);
+        /* llama.cpp's tokens up to the first near-tie (as test_models_ref) */
+        for (int k = 0; k < 32; k++) {
+            if (gap[i][k] < 2e-3) break;
+            cr_assert_eq (r->ids[k], greedy[i][k], "prompt %d token %d vs llama.cpp", i, k);
+        }
+    }
+    json_decref (root);
+    free (run);
+    rx_sched_destroy (&s);
+    s_env_close (&e);
+}
+
+Test (scheduler, many_concurrent_requests_equal_each_run_alone)
+{
+    struct env e;
+    s_env_open (&e);
+    struct work *w = calloc (1, sizeof *w);
+    s_make_work (&e, w, 24, 7, 0);
+    struct rx_sched_opts o = s_opts (&e, "fcfs");
+    o.max_running_requests = 8;
+    o.max_prefill_tokens = 128;
+    rx_sched_t *s = s_sched (&e, &o);
+    s_submit_work (s, w);
+    struct run *run = calloc (1, sizeof *run);
+    s_drain (s, run, 2000);
+    s_check_work (w, run, "fcfs");
+    cr_assert (run->prefill_steps > 1 && run->decode_steps > 1);
+    struct rx_sched_stats st;
+    rx_sched_stats (s, &st);
+    cr_assert_eq (st.running, 0);
+    cr_assert_eq (st.queued, 0);
+    cr_assert_eq (st.kv_used, st.cache_tokens, "only the cache holds slots when idle");
+    cr_assert_eq (st.cache_protected, 0);
+    cr_assert_eq (st.finished, 24);
+    free (run);
+    free (w);
+    rx_sched_destroy (&s);
+    s_env_close (&e);
+}
+
+static void s_shared_prefix (uint32_t page_size)
+{
+    struct env e;
+    s_env_open (&e);
+    struct work *w = calloc (1, sizeof *w);
+    s_make_work (&e, w, 12, 11, 1);
+    struct rx_sched_opts o = s_opts (&e, "lpm");
+    o.page_size = page_size;
+    rx_sched_t *s = s_sched (&e, &o);
+    struct run *run = calloc (1, sizeof *run);
+    /* Prime one request of each group, then the rest. */
+    for (int i = 0; i < 3; i++) s_submit (s, 100 + (uint64_t) i, w->prompt[i], w->n_prompt[i], w->max_tokens[i], NULL);
+    s_drain (s, run, 500);
+    for (int i = 3; i < w->n; i++) s_submit (s, 100 + (uint64_t) i, w->prompt[i], w->n_prompt[i], w->max_tokens[i], NULL);
+    s_drain (s, run, 1000);
+    s_check_work (w, run, "shared prefix");
+    for (int i = 3; i < w->n; i++) {
+        struct res *r = s_res (run, 100 + (uint64_t) i, 0);
+        if (i % 4 != 3)
+            cr_assert (r->cached >= 40 / page_size * page_size, "request %d cached %u", i, r->cached);
+        cr_assert_eq (r->cached % page_size, 0);
+    }
+    struct rx_sched_stats st;
+    rx_sched_stats (s, &st);
+    cr_assert (st.cached_tokens > 0 && st.cache_hit_rate > 0);
+    free (run);
+    free (w);
+    rx_sched_destroy (&s);
+    s_env_close (&e);
+}
+
+Test (scheduler, shared_prefixes_hit_the_cache_and_give_the_same_tokens) { s_shared_prefix (1); }
+Test (scheduler, shared_prefixes_with_pages_of_4) { s_shared_prefix (4); }
+
+Test (scheduler, chunked_prefill_gives_the_same_tokens_as_unchunked)
+{
+    struct env e;
+    s_env_open (&e);
+    s_lcg = 99;
+    int32_t prompt[300], ref[16];
+    prompt[0] = 1;
+    for (int i = 1; i < 300; i++) prompt[i] = s_rand_tok ();
+    s_reference (&e, prompt, 300, 16, NULL, ref, NULL);
+    for (int chunked = 0; chunked < 2; chunked++) {
+        struct rx_sched_opts o = s_opts (&e, "fcfs");
+        o.chunked_prefill_size = chunked ? 64 : -1;
+        o.radix_cache = 0;
+        rx_sched_t *s = s_sched (&e, &o);
+        s_submit (s, 1, prompt, 300, 16, NULL);
+        s_lcg = 5;
+        int32_t p2[20];
+        for (int i = 0; i < 20; i++) p2[i] = s_rand_tok ();
+        s_submit (s, 2, p2, 20, 8, NULL);
+        struct run *run = calloc (1, sizeof *run);
+        s_drain (s, run, 200);
+        struct res *r = s_res (run, 1, 0);
+        cr_assert_eq (r->n, 16);
+        for (int k = 0; k < 16; k++) cr_assert_eq (r->ids[k], ref[k], "chunked %d token %d", chunked, k);
+        cr_assert_eq (s_res (run, 2, 0)->n, 8);
+        if (chunked)
+            cr_assert (run->prefill_steps >= 5, "300 tokens in chunks of 64: %d prefill steps", run->prefill_steps);
+        else
+            cr_assert (run->prefill_steps <= 2);
+        free (run);
+        rx_sched_destroy (&s);
+    }
+    s_env_close (&e);
+}
+
+Test (scheduler, a_tiny_pool_forces_retraction_and_every_request_still_matches)
+{
+    struct env e;
+    s_env_open (&e);
+    struct work *w = calloc (1, sizeof *w);
+    s_lcg = 3;
+    w->n = 8;
+    for (int i = 0; i < w->n; i++) {
+        w->n_prompt[i] = 20;
+        w->prompt[i][0] = 1;
+        for (int j = 1; j < 20; j++) w->prompt[i][j] = s_rand_tok ();
+        w->max_tokens[i] = 40;
+        s_reference (&e, w->prompt[i], 20, 40, NULL, w->ref[i], NULL);
+    }
+    struct rx_sched_opts o = s_opts (&e, "fcfs");
+    o.n_slots = 128;
+    o.schedule_conservativeness = 0.01;   /* admit optimistically: decode must retract */
+    rx_sched_t *s = s_sched (&e, &o);
+    s_submit_work (s, w);
+    struct run *run = calloc (1, sizeof *run);
+    s_drain (s, run, 3000);
+    s_check_work (w, run, "retraction");
+    struct rx_sched_stats st;
+    rx_sched_stats (s, &st);
+    cr_assert (run->retracted > 0 && st.retractions > 0, "no retraction happened");
+    cr_assert (st.new_token_ratio > 0.007, "retraction raised the ratio (%g)", st.new_token_ratio);
+    cr_assert_eq (st.kv_total, 128);
+    free (run);
+    free (w);
+    rx_sched_destroy (&s);
+    s_env_close (&e);
+}
+
+static void s_snap (rx_sched_t *s, struct rx_sched_stats *st) { rx_sched_stats (s, st); }
+
+Test (scheduler, aborts_return_the_pool_and_the_locks)
+{
+    struct env e;
+    s_env_open (&e);
+    struct rx_sched_opts o = s_opts (&e, "fcfs");
+    o.max_running_requests = 1;
+    rx_sched_t *s = s_sched (&e, &o);
+    struct run *run = calloc (1, sizeof *run);
+    s_lcg = 21;
+    int32_t p[30], q[25];
+    for (int i = 0; i < 30; i++) p[i] = s_rand_tok ();
+    for (int i = 0; i < 25; i++) q[i] = s_rand_tok ();
+    /* Prime the cache with p, so that a re-run of p changes nothing. */
+    s_submit (s, 1, p, 30, 5, NULL);
+    s_drain (s, run, 100);
+    struct rx_sched_stats b0, b1;
+    s_snap (s, &b0);
+    cr_assert (b0.cache_tokens >= 30);
+    /* A running p and a waiting q (max_running_requests = 1). */
+    s_submit (s, 2, p, 30, 100, NULL);
+    s_submit (s, 3, q, 25, 100, NULL);
+    struct rx_err err = { 0 };
+    struct rx_sched_out out;
+    for (int k = 0; k < 4; k++) {
+        cr_assert_eq (rx_sched_step (s, &out, &err), RX_OK, "%s", err.msg);
+        s_collect (run, &out);
+    }
+    s_snap (s, &b1);
+    cr_assert_eq (b1.running, 1);
+    cr_assert_eq (b1.queued, 1);
+    cr_assert (b1.cache_protected > 0);
+    cr_assert_eq (rx_sched_abort (s, 3), 1);   /* waiting */
+    cr_assert_eq (rx_sched_abort (s, 2), 1);   /* running */
+    cr_assert_eq (rx_sched_abort (s, 2), 0);
+    cr_assert_eq (rx_sched_abort (s, 777), 0);
+    struct rx_sched_stats a;
+    s_snap (s, &a);
+    cr_assert_eq (a.running, 0);
+    cr_assert_eq (a.queued, 0);
+    cr_assert_eq (a.kv_used, b0.kv_used, "used %llu, baseline %llu", (unsigned long long) a.kv_used, (unsigned long long) b0.kv_used);
+    cr_assert_eq (a.kv_free, b0.kv_free);
+    cr_assert_eq (a.cache_evictable, b0.cache_evictable);
+    cr_assert_eq (a.cache_protected, b0.cache_protected);
+    cr_assert_eq (a.cache_protected, 0);
+    cr_assert_eq (rx_sched_check (s, &err), RX_OK, "%s", err.msg);
+    cr_assert_not (rx_sched_idle (s), "abort outputs are pending");
+    cr_assert_eq (rx_sched_step (s, &out, &err), RX_OK);
+    cr_assert_eq (out.tokens.n, 2);
+    for (uint32_t i = 0; i < 2; i++) cr_assert_eq (out.tokens.out[i].finish, RX_FINISH_ABORT);
+    s_collect (run, &out);
+    cr_assert_eq (s_res (run, 3, 0)->n, 0);
+    cr_assert (s_res (run, 2, 0)->n >= 1);
+    cr_assert (rx_sched_idle (s));
+    /* An unprimed running request: its own slots come back; what it
+     * inserted after its prefill stays as evictable cache only. */
+    s_snap (s, &b0);
+    s_submit (s, 4, q, 25, 100, NULL);
+    for (int k = 0; k < 3; k++) cr_assert_eq (rx_sched_step (s, &out, &err), RX_OK);
+    cr_assert_eq (rx_sched_abort (s, 4), 1);
+    s_snap (s, &a);
+    cr_assert_eq (a.cache_protected, 0);
+    cr_assert_eq (a.kv_used - a.cache_evictable, b0.kv_used - b0.cache_evictable);
+    cr_assert_eq (rx_sched_check (s, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (rx_sched_step (s, &out, &err), RX_OK);
+    cr_assert (rx_sched_idle (s));
+    size_t freed = 0;
+    cr_assert_eq (rx_sched_flush_cache (s, &freed, &err), RX_OK);
+    s_snap (s, &a);
+    cr_assert_eq (a.kv_used, 0);
+    cr_assert_eq (a.kv_free, a.kv_total);
+    free (run);
+    rx_sched_destroy (&s);
+    s_env_close (&e);
+}
+
+static void s_n3 (struct rx_request *r)
+{
+    r->sp.n = 3;
+    r->sp.temperature = 1.0f;
+    r->sp.top_k = 40;
+    r->sp.has_seed = 1;
+    r->sp.seed = 42;
+}
+
+Test (scheduler, max_queued_requests_refuses_with_eagain)
+{
+    struct env e;
+    s_env_open (&e);
+    struct rx_sched_opts o = s_opts (&e, "fcfs");
+    o.max_queued_requests = 4;
+    rx_sched_t *s = s_sched (&e, &o);
+    int32_t p[5] = { 1, 50, 60, 70, 80 };
+    s_submit (s, 1, p, 5, 3, NULL);
+    s_submit (s, 2, p, 5, 3, s_n3);   /* 3 siblings: 4 waiting */
+    struct rx_request r = { 0 };
+    rx_sampling_params_init (&r.sp);
+    r.rid = 3;
+    r.input_ids = malloc (5 * sizeof (int32_t));
+    memcpy (r.input_ids, p, sizeof p);
+    r.n_input = 5;
+    r.sp.max_tokens = 3;
+    struct rx_err err = { 0 };
+    cr_assert_eq (rx_sched_submit (s, &r, &err), RX_EAGAIN);
+    cr_assert (strstr (err.msg, "max_queued_requests"), "%s", err.msg);
+    cr_assert_not_null (r.input_ids, "refused: still the caller's");
+    struct rx_sched_out out;
+    struct run *run = calloc (1, sizeof *run);
+    cr_assert_eq (rx_sched_step (s, &out, &err), RX_OK, "%s", err.msg);
+    s_collect (run, &out);
+    cr_assert_eq (rx_sched_submit (s, &r, &err), RX_OK, "%s", err.msg);
+    s_drain (s, run, 100);
+    cr_assert_eq (run->n, 5, "rid 1, three siblings of rid 2, rid 3");
+    free (run);
+    rx_request_free (&r);
+    rx_sched_destroy (&s);
+    s_env_close (&e);
+}
+
+Test (scheduler, n3_with_a_seed_is_reproducible_and_siblings_differ)
+{
+    struct env e;
+    s_env_open (&e);
+    s_lcg = 77;
+    int32_t p[12];
+    p[0] = 1;
+    for (int i = 1; i < 12; i++) p[i] = s_rand_tok ();
+    int32_t got[2][3][16];
+    for (int inst = 0; inst < 2; inst++) {
+        struct rx_sched_opts o = s_opts (&e, "fcfs");
+        rx_sched_t *s = s_sched (&e, &o);
+        s_submit (s, 9, p, 12, 16, s_n3);
+        struct run *run = calloc (1, sizeof *run);
+        s_drain (s, run, 200);
+        cr_assert_eq (run->n, 3);
+        for (uint32_t i = 0; i < 3; i++) {
+            struct res *r = s_res (run, 9, i);
+            cr_assert_eq (r->n, 16);
+            memcpy (got[inst][i], r->ids, sizeof got[0][0]);
+        }
+        free (run);
+        rx_sched_destroy (&s);
+    }
+    cr_assert_arr_eq (got[0], got[1], sizeof got[0], "two instances agree");
+    cr_assert (memcmp (got[0][0], got[0][1], sizeof got[0][0]) || memcmp (got[0][1], got[0][2], sizeof got[0][0]),
+               "siblings differ");
+    cr_assert (memcmp (got[0][0], got[0][1], sizeof got[0][0]) && memcmp (got[0][0], got[0][2], sizeof got[0][0]) &&
+               memcmp (got[0][1], got[0][2], sizeof got[0][0]));
+    /* Sibling i samples with seed 42 + i exactly as a lone sampler would. */
+    for (int i = 0; i < 3; i++) {
+        struct rx_sampling sp = { .temperature = 1.0f, .top_k = 40, .top_p = 1, .min_p = 0, .seed = 42 + (uint64_t) i };
+        int32_t ref[16];
+        s_reference (&e, p, 12, 16, &sp, ref, NULL);
+        cr_assert_arr_eq (ref, got[0][i], sizeof ref, "sibling %d equals seed %d alone", i, 42 + i);
+    }
+    s_env_close (&e);
+}
+
+static int32_t s_stop_tok, s_min_tokens;
+static void s_tw_stop (struct rx_request *r) { r->sp.n_stop_ids = 1; r->sp.stop_ids[0] = s_stop_tok; }
+static void s_tw_min (struct rx_request *r)
+{
+    r->sp.n_stop_ids = 1;
+    r->sp.stop_ids[0] = s_stop_tok;
+    r->sp.min_tokens = s_min_tokens;
+}
+static void s_tw_eos (struct rx_request *r) { r->sp.ignore_eos = 0; }
+
+Test (scheduler, stop_ids_max_tokens_min_tokens_and_eos)
+{
+    struct env e;
+    s_env_open (&e);
+    s_lcg = 5150;
+    int32_t p[10], ref[24];
+    p[0] = 1;
+    for (int i = 1; i < 10; i++) p[i] = s_rand_tok ();
+    float *lg = malloc (24 * (size_t) e.V * sizeof (float));
+    s_reference (&e, p, 10, 24, NULL, ref, lg);
+    /* a token whose first occurrence is at j >= 2 */
+    int j = 2;
+    for (; j < 24; j++) {
+        int seen = 0;
+        for (int k = 0; k < j; k++) seen |= ref[k] == ref[j];
+        if (!seen) break;
+    }
+    cr_assert (j < 24);
+    struct rx_sched_opts o = s_opts (&e, "fcfs");
+    o.eos_id = ref[j];   /* pretend the model's EOS is that token */
+    rx_sched_t *s = s_sched (&e, &o);
+    s_stop_tok = ref[j];
+    s_submit (s, 1, p, 10, 24, s_tw_stop);
+    s_submit (s, 2, p, 10, 24, s_tw_eos);
+    s_submit (s, 3, p, 10, 24, NULL);      /* ignore_eos */
+    s_submit (s, 4, p, 10, 0, NULL);
+    s_submit (s, 5, p, 10, 7, NULL);
+    s_stop_tok = ref[0];
+    s_min_tokens = 3;
+    s_submit (s, 6, p, 10, 24, s_tw_min);
+    struct run *run = calloc (1, sizeof *run);
+    s_drain (s, run, 300);
+    struct res *r = s_res (run, 1, 0);
+    cr_assert_eq (r->finish, RX_FINISH_STOP_ID);
+    cr_assert_eq (r->matched, ref[j]);
+    cr_assert_eq (r->n, j + 1);
+    r = s_res (run, 2, 0);
+    cr_assert_eq (r->finish, RX_FINISH_EOS);
+    cr_assert_eq (r->matched, ref[j]);
+    cr_assert_eq (r->n, j + 1);
+    r = s_res (run, 3, 0);
+    cr_assert_eq (r->finish, RX_FINISH_LENGTH);
+    cr_assert_eq (r->n, 24);
+    cr_assert_arr_eq (r->ids, ref, sizeof ref);
+    r = s_res (run, 4, 0);
+    cr_assert_eq (r->finish, RX_FINISH_LENGTH);
+    cr_assert_eq (r->n, 0);
+    r = s_res (run, 5, 0);
+    cr_assert_eq (r->finish, RX_FINISH_LENGTH);
+    cr_assert_eq (r->n, 7);
+    /* min_tokens 3 with stop id = the greedy first token: position 0 takes
+     * the second-best token (the stop id is banned). */
+    r = s_res (run, 6, 0);
+    cr_assert (r->n >= 3);
+    for (int k = 0; k < 3; k++) cr_assert_neq (r->ids[k], ref[0]);
+    float *row = malloc ((size_t) e.V * sizeof (float));
+    memcpy (row, lg, (size_t) e.V * sizeof (float));
+    row[ref[0]] = -INFINITY;
+    row[ref[j]] = -INFINITY;   /* EOS (o.eos_id) is banned too */
+    cr_assert_eq (r->ids[0], rx_argmax (row, e.V));
+    free (row);
+    free (lg);
+    free (run);
+    rx_sched_destroy (&s);
+    s_env_close (&e);
+}
+
+Test (scheduler, the_context_length_ends_a_request)
+{
+    struct env e;
+    s_env_open (&e);
+    struct rx_sched_opts o = s_opts (&e, "fcfs");
+    o.context_len = 40;
+    rx_sched_t *s = s_sched (&e, &o);
+    int32_t p[30];
+    s_lcg = 8;
+    for (int i = 0; i < 30; i++) p[i] = s_rand_tok ();
+    s_submit (s, 1, p, 30, -1, NULL);
+    struct run *run = calloc (1, sizeof *run);
+    s_drain (s, run, 100);
+    cr_assert_eq (s_res (run, 1, 0)->finish, RX_FINISH_LENGTH);
+    cr_assert_eq (s_res (run, 1, 0)->n, 10);
+    free (run);
+    rx_sched_destroy (&s);
+    s_env_close (&e);
+}
+
+static void s_tw_lp (struct rx_request *r) { r->sp.logprobs = 1; r->sp.top_logprobs = 5; }
+
+Test (scheduler, logprobs_are_the_log_softmax_of_the_engine_logits)
+{
+    struct env e;
+    s_env_open (&e);
+    s_lcg = 31;
+    int32_t p[15], ref[6];
+    p[0] = 1;
+    for (int i = 1; i < 15; i++) p[i] = s_rand_tok ();
+    float *lg = malloc (6 * (size_t) e.V * sizeof (float));
+    s_reference (&e, p, 15, 6, NULL, ref, lg);
+    struct rx_sched_opts o = s_opts (&e, "fcfs");
+    rx_sched_t *s = s_sched (&e, &o);
+    s_submit (s, 1, p, 15, 6, s_tw_lp);
+    struct run *run = calloc (1, sizeof *run);
+    s_drain (s, run, 100);
+    struct res *r = s_res (run, 1, 0);
+    cr_assert_eq (r->n, 6);
+    for (int k = 0; k < 6; k++) {
+        const float *x = lg + (size_t) k * e.V;
+        double mx = -INFINITY, sum = 0;
+        for (int i = 0; i < e.V; i++) mx = fmax (mx, x[i]);
+        for (int i = 0; i < e.V; i++) sum += exp ((double) x[i] - mx);
+        double lse = mx + log (sum);
+        cr_assert_float_eq (r->lp[k], x[ref[k]] - lse, 1e-4, "token %d: %g vs %g", k, r->lp[k], x[ref[k]] - lse);
+        /* top 5 by brute force */
+        int used[5] = { -1, -1, -1, -1, -1 };
+        for (int t = 0; t < 5; t++) {
+            int best = -1;
+            for (int i = 0; i < e.V; i++) {
+                int skip = 0;
+                for (int u = 0; u < t; u++) skip |= used[u] == i;
+                if (!skip && (best < 0 || x[i] > x[best])) best = i;
+            }
+            used[t] = best;
+            cr_assert_eq (r->top_ids[k][t], best, "token %d top %d", k, t);
+            cr_assert_float_eq (r->top_lp[k][t], x[best] - lse, 1e-4);
+        }
+        cr_assert_eq (r->top_ids[k][0], ref[k], "greedy: the chosen token is the top one");
+    }
+    free (lg);
+    free (run);
+    rx_sched_destroy (&s);
+    s_env_close (&e);
+}
+
+Test (scheduler, flush_cache_only_when_idle_and_it_empties_the_cache)
+{
+    struct env e;
+    s_env_open (&e);
+    struct rx_sched_opts o = s_opts (&e, "fcfs");
+    rx_sched_t *s = s_sched (&e, &o);
+    int32_t p[20];
+    s_lcg = 4;
+    for (int i = 0; i < 20; i++) p[i] = s_rand_tok ();
+    s_submit (s, 1, p, 20, 5, NULL);
+    struct rx_err err = { 0 };
+    size_t freed = 99;
+    cr_assert_eq (rx_sched_flush_cache (s, &freed, &err), RX_EAGAIN);
+    cr_assert (strstr (err.msg, "running"), "%s", err.msg);
+    cr_assert_eq (freed, 0);
+    struct run *run = calloc (1, sizeof *run);
+    s_drain (s, run, 100);
+    struct rx_sched_stats st;
+    rx_sched_stats (s, &st);
+    cr_assert (st.cache_tokens >= 20);
+    cr_assert_eq (rx_sched_flush_cache (s, &freed, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (freed, st.cache_tokens);
+    rx_sched_stats (s, &st);
+    cr_assert_eq (st.cache_tokens, 0);
+    cr_assert_eq (st.kv_used, 0);
+    /* After the flush the same prompt misses and still gives the same tokens. */
+    s_submit (s, 2, p, 20, 5, NULL);
+    s_drain (s, run, 100);
+    cr_assert_eq (s_res (run, 2, 0)->cached, 0);
+    cr_assert_arr_eq (s_res (run, 2, 0)->ids, s_res (run, 1, 0)->ids, 5 * sizeof (int32_t));
+    free (run);
+    rx_sched_destroy (&s);
+    s_env_close (&e);
+}
+
+Test (scheduler, every_policy_runs_a_mixed_workload_to_the_same_outputs)
+{
+    struct env e;
+    s_env_open (&e);
+    struct work *w = calloc (1, sizeof *w);
+    s_make_work (&e, w, 16, 123, 1);
+    const char *pol[] = { "fcfs", "lpm", "random", "dfs_weight" };
+    for (int p = 0; p < 4; p++) {
+        struct rx_sched_opts o = s_opts (&e, pol[p]);
+        o.max_running_requests = 4;
+        o.max_prefill_tokens = 100;
+        rx_sched_t *s = s_sched (&e, &o);
+        /* half first, so that the rest find cached prefixes */
+        struct run *run = calloc (1, sizeof *run);
+        for (int i = 0; i < 8; i++) s_submit (s, 100 + (uint64_t) i, w->prompt[i], w->n_prompt[i], w->max_tokens[i], NULL);
+        struct rx_err err = { 0 };
+        struct rx_sched_out out;
+        for (int k = 0; k < 6; k++) {
+            cr_assert_eq (rx_sched_step (s, &out, &err), RX_OK, "%s", err.msg);
+            s_collect (run, &out);
+        }
+        for (int i = 8; i < 16; i++) s_submit (s, 100 + (uint64_t) i, w->prompt[i], w->n_prompt[i], w->max_tokens[i], NULL);
+        s_drain (s, run, 2000);
+        s_check_work (w, run, pol[p]);
+        free (run);
+        rx_sched_destroy (&s);
+    }
+    free (w);
+    s_env_close (&e);
+}
+
+Test (scheduler, without_the_radix_cache_nothing_is_cached)
+{
+    struct env e;
+    s_env_open (&e);
+    struct work *w = calloc (1, sizeof *w);
+    s_make_work (&e, w, 8, 55, 1);
+    struct rx_sched_opts o = s_opts (&e, "fcfs");
+    o.radix_cache = 0;
+    rx_sched_t *s = s_sched (&e, &o);
+    s_submit_work (s, w);
+    struct run *run = calloc (1, sizeof *run);
+    s_drain (s, run, 1000);
+    s_check_work (w, run, "no cache");
+    struct rx_sched_stats st;
+    rx_sched_stats (s, &st);
+    cr_assert_eq (st.cached_tokens, 0);
+    cr_assert_eq (st.kv_used, 0);
+    free (run);
+    free (w);
+    rx_sched_destroy (&s);
+    s_env_close (&e);
+}
+
+static void s_expect_submit (rx_sched_t *s, uint64_t rid, const int32_t *p, int n, int code,
+                             const char *want, void (*tweak) (struct rx_request *))
+{
+    struct rx_request r = { 0 };
+    rx_sampling_params_init (&r.sp);
+    r.rid = rid;
+    r.input_ids = n ? malloc ((size_t) n * sizeof (int32_t)) : NULL;
+    if (n) memcpy (r.input_ids, p, (size_t) n * sizeof (int32_t));
+    r.n_input = (uint32_t) n;
+    if (tweak) tweak (&r);
+    struct rx_err err = { 0 };
+    cr_assert_eq (rx_sched_submit (s, &r, &err), code, "%s", err.msg);
+    cr_assert (strstr (err.msg, want), "message \"%s\" lacks \"%s\"", err.msg, want);
+    cr_assert_null (strchr (err.msg, '\n'));
+    rx_request_free (&r);
+}
+
+static void s_tw_badtemp (struct rx_request *r) { r->sp.temperature = -1; }
+
+Test (scheduler, bad_requests_and_options_get_one_clear_line)
+{
+    struct env e;
+    s_env_open (&e);
+    struct rx_sched_opts o = s_opts (&e, "fcfs");
+    o.n_slots = 64;
+    rx_sched_t *s = s_sched (&e, &o);
+    int32_t p[600];
+    for (int i = 0; i < 600; i++) p[i] = 5 + i;
+    s_expect_submit (s, 1, p, 0, RX_EINVAL, "empty prompt", NULL);
+    int32_t bad[3] = { 1, 32000, 5 };
+    s_expect_submit (s, 1, bad, 3, RX_EINVAL, "outside the vocabulary", NULL);
+    s_expect_submit (s, 1, p, 512, RX_ERANGE, "context", NULL);
+    s_expect_submit (s, 1, p, 100, RX_ERANGE, "KV pool", NULL);
+    s_expect_submit (s, 1, p, 5, RX_EINVAL, "temperature", s_tw_badtemp);
+    s_submit (s, 1, p, 5, 2, NULL);
+    s_expect_submit (s, 1, p, 5, RX_EINVAL, "already in use", NULL);
+    struct run *run = calloc (1, sizeof *run);
+    s_drain (s, run, 50);
+    free (run);
+    rx_sched_destroy (&s);
+
+    struct rx_err err = { 0 };
+    o = s_opts (&e, "nosuch");
+    cr_assert_null (rx_sched_new (&e.boot, e.eng, &o, &err));
+    cr_assert (strstr (err.msg, "nosuch"), "%s", err.msg);
+    o = s_opts (&e, "fcfs");
+    o.n_slots = 100000;
+    cr_assert_null (rx_sched_new (&e.boot, e.eng, &o, &err));
+    cr_assert (strstr (err.msg, "exceeds"), "%s", err.msg);
+    o = s_opts (&e, "fcfs");
+    o.chunked_prefill_size = 0;
+    cr_assert_null (rx_sched_new (&e.boot, e.eng, &o, &err));
+    cr_assert (strstr (err.msg, "chunked_prefill_size"), "%s", err.msg);
+    s_env_close (&e);
+}
+
+Test (scheduler, conf_keys_reach_the_options)
+{
+    char *dir = tu_tmpdir ();
+    char *path = tu_path (dir, "s.ini");
+    tu_write (path, "[cache]\nkv_memory = 1MiB\nradix_cache = false\npage_size = 16\n"
+                    "[scheduler]\npolicy = lpm\nmax_running_requests = 7\nmax_queued_requests = 9\n"
+                    "chunked_prefill_size = -1\nmax_prefill_tokens = 333\n");
+    setenv ("RADIX_PLUGIN_PATH", tu_env ("RX_PLUGIN_BUILD_DIR"), 1);
+    struct rx_boot b;
+    struct rx_err err = { 0 };
+    cr_assert_eq (rx_boot_open (&b, path, 0, &err), RX_OK, "%s", err.msg);
+    struct rx_sched_opts o;
+    cr_assert_eq (rx_sched_opts_from_conf (b.conf, &o, &err), RX_OK);
+    cr_assert_eq (o.page_size, 16);
+    cr_assert_eq (o.radix_cache, 0);
+    cr_assert_eq (o.max_running_requests, 7);
+    cr_assert_eq (o.max_queued_requests, 9);
+    cr_assert_eq (o.chunked_prefill_size, -1);
+    cr_assert_eq (o.max_prefill_tokens, 333);
+    cr_assert_float_eq (o.init_new_token_ratio, 0.7, 1e-9);
+    uint32_t n = 0;
+    uint64_t freeb = 1ull << 30;
+    cr_assert_eq (rx_sched_kv_slots (b.conf, 1024, &freeb, &n, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (n, 1024);   /* 1 MiB / 1 KiB per token, a multiple of 16 */
+    rx_boot_close (&b);
+    free (path);
+    free (dir);
+}
+
+/* ---------------------------------------------- sampling extensions -- */
+
+Test (scheduler, penalties_follow_openai_semantics)
+{
+    float l[6] = { 2, -2, 1, 0.5f, 3, -1 };
+    uint32_t counts[6] = { 0 };
+    int32_t prompt[2] = { 1, 3 }, out[4] = { 0, 0, 4, 1 };
+    struct rx_penalties pen = { .frequency = 0.5f, .presence = 0.25f, .repetition = 2 };
+    rx_penalties_apply (l, 6, &pen, prompt, 2, out, 4, counts);
+    /* id 0: rep 2/2 = 1, then -0.5*2 - 0.25 = -0.25 */
+    cr_assert_float_eq (l[0], -0.25f, 1e-6);
+    /* id 1: rep -2*2 = -4 (prompt and output: once), then -0.5 - 0.25 */
+    cr_assert_float_eq (l[1], -4.75f, 1e-6);
+    cr_assert_float_eq (l[2], 1, 1e-6);          /* untouched */
+    cr_assert_float_eq (l[3], 0.25f, 1e-6);      /* prompt only: rep */
+    cr_assert_float_eq (l[4], 1.5f - 0.75f, 1e-6);
+    cr_assert_float_eq (l[5], -1, 1e-6);
+    for (int i = 0; i < 6; i++) cr_assert_eq (counts[i], 0, "scratch left zeroed");
+    float m[4] = { 1, 2, 3, 4 };
+    int32_t ban[2] = { 3, 99 };
+    rx_logits_ban (m, 4, ban, 2);
+    cr_assert (isinf (m[3]) && m[3] < 0);
+    float x[4] = { 0, (float) log (3.0), NAN, 0 };
+    int32_t ti[3];
+    float tl[3];
+    float lp = rx_logprobs (x, 4, 0, 3, ti, tl);
+    cr_assert_float_eq (lp, log (0.2), 1e-6);
+    cr_assert_eq (ti[0], 1);
+    cr_assert_eq (ti[1], 0);
+    cr_assert_eq (ti[2], 3);
+    cr_assert_float_eq (tl[0], log (0.6), 1e-6);
+    cr_assert (isinf (rx_logprobs (x, 4, 2, 0, ti, tl)));
+}
+
+/* ---------------------------------------------------------- dfs_weight -- */
+
+/* A fake tree: node k's parent is par[k]; ids are k + 1 (root = 1). */
+static int32_t s_par[16];
+static uintptr_t s_parent (const void *ctx, uintptr_t n)
+{
+    (void) ctx;
+    return n == 1 ? 1 : (uintptr_t) s_par[n - 1] + 1;
+}
+
+Test (scheduler, dfs_weight_visits_heavier_subtrees_first)
+{
+    setenv ("RADIX_PLUGIN_PATH", tu_env ("RX_PLUGIN_BUILD_DIR"), 1);
+    struct rx_boot b;
+    struct rx_err err = { 0 };
+    cr_assert_eq (rx_boot_open (&b, NULL, 0, &err), RX_OK, "%s", err.msg);
+    rx_plugin_t *pl;
+    cr_assert_eq (rx_loader_find (b.loader, RX_KIND_SCHED_POLICY, "dfs_weight", &pl, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (rx_plugin_init (pl, b.conf, &err), RX_OK, "%s", err.msg);
+    const struct rx_sched_policy_ops *ops = rx_plugin_ops (pl);
+    /* root 0 -> A 1, B 2;  A -> A1 3;  B -> B1 4, B2 5 */
+    int32_t par[6] = { 0, 0, 0, 1, 2, 2 };
+    memcpy (s_par, par, sizeof par);
+    struct rx_tree_view tv = { .ctx = NULL, .root = 1, .parent = s_parent };
+    /* requests (arrival, node): r0 at A1, r1 at B1, r2 at B2, r3 at B,
+     * r4 at root, r5 at A */
+    uintptr_t nodes[6] = { 4, 5, 6, 3, 0, 2 };
+    struct rx_sched_item it[6];
+    for (int i = 0; i < 6; i++)
+        it[i] = (struct rx_sched_item) { .rid = (uint64_t) i, .arrival = (uint64_t) i, .node = nodes[i] };
+    cr_assert_eq (ops->prioritize (NULL, it, 6, &tv, 0, &err), RX_OK);
+    /* B subtree weighs 3 (r1, r2, r3), A 2 (r0, r5): B first, post-order:
+     * B1 (r1), B2 (r2), B (r3), then A1 (r0), A (r5), then root (r4). */
+    int want[6] = { 1, 2, 3, 0, 5, 4 };
+    for (int k = 0; k + 1 < 6; k++)
+        cr_assert_lt (it[want[k]].priority, it[want[k + 1]].priority, "position %d", k);
+    rx_boot_close (&b);
+}
