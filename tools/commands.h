@@ -8,5 +8,6 @@ int rx_cmd_gguf_gen (int argc, char **argv);   /* tools/gguf_gen.c */
 int rx_cmd_tokenize (int argc, char **argv);   /* tools/tokenize.c */
 int rx_cmd_generate (int argc, char **argv);   /* tools/generate.c */
 int rx_cmd_chat (int argc, char **argv);       /* tools/chat.c */
+int rx_cmd_bench (int argc, char **argv);      /* tools/bench.c */
 
 #endif

@@ -55,6 +55,7 @@ static const struct {
     { "tokenize", rx_cmd_tokenize, "print the token ids of a text or chat (--model F.gguf --text ...)" },
     { "generate", rx_cmd_generate, "continue a prompt with a model (--model F.gguf --prompt ... [--ids])" },
     { "chat", rx_cmd_chat, "chat with a model using its chat template (--model F.gguf)" },
+    { "bench", rx_cmd_bench, "prompt/generation/batched-decode speed table (--model F.gguf --threads T)" },
     { "version", s_cmd_version, "print version and plugin ABI" },
 };
 
