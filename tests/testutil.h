@@ -29,6 +29,19 @@ static inline const char *tu_env (const char *name)
     return v;
 }
 
+/* Skip the calling Criterion test (include <criterion/criterion.h> first)
+ * when the shared reference data is absent -- e.g. inside make distcheck's
+ * unpacked tarball, where ../shared is not beside the sources. */
+#define TU_REQUIRE_SHARED()                                                     \
+    do {                                                                        \
+        char *p_ = tu_path (tu_env ("RADIX_SHARED"), "data/models/tiny-llama.gguf"); \
+        int ok_ = access (p_, R_OK) == 0;                                       \
+        free (p_);                                                              \
+        if (!ok_)                                                               \
+            cr_skip_test ("shared test data absent: %s/data (set RADIX_SHARED)", \
+                          tu_env ("RADIX_SHARED"));                             \
+    } while (0)
+
 /* A fresh private temporary directory (mode 0755, so plugins may live there). */
 static inline char *tu_tmpdir (void)
 {

@@ -20,6 +20,7 @@
 
 static char *s_model (const char *name)
 {
+    TU_REQUIRE_SHARED ();
     char *dir = tu_path (tu_env ("RADIX_SHARED"), "data/models");
     char *p = tu_path (dir, name);
     free (dir);

@@ -470,6 +470,7 @@ Test (quant, roundtrip_error_bounds)
  * tiny-llama-q8/q4 were made by llama.cpp from tiny-llama's weights. */
 static void s_check_file_quant (const char *qname, int qtype)
 {
+    TU_REQUIRE_SHARED ();
     struct rx_err err = { 0 };
     char *bp = tu_path (tu_env ("RADIX_SHARED"), "data/models/tiny-llama.gguf");
     char *qp = tu_path (tu_env ("RADIX_SHARED"), qname);

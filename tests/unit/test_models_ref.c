@@ -53,6 +53,7 @@ struct ref {
 
 static void s_ref_load (struct ref *r, const char *model)
 {
+    TU_REQUIRE_SHARED ();
     const char *shared = tu_env ("RADIX_SHARED");
     char path[4096];
     snprintf (path, sizeof path, "%s/data/models/%s.json", shared, model);

@@ -40,6 +40,7 @@ struct env {
 
 static char *s_model_path (void)
 {
+    TU_REQUIRE_SHARED ();
     char *dir = tu_path (tu_env ("RADIX_SHARED"), "data/models");
     char *p = tu_path (dir, "tiny-llama.gguf");
     free (dir);
