@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "detok.h"
+#include "grow.h"
 #include "unicode.h"
 
 void rx_detok_init (struct rx_detok *d, const rx_tokenizer_t *tok, unsigned flags)
@@ -51,21 +52,9 @@ oom:
     return rx_err_set (err, RX_ENOMEM, "detokenizer: out of memory");
 }
 
-static int s_grow (char **p, size_t *cap, size_t need)
-{
-    if (need <= *cap) return 0;
-    size_t c = *cap ? *cap : 64;
-    while (c < need) c *= 2;
-    char *q = realloc (*p, c);
-    if (!q) return -1;
-    *p = q;
-    *cap = c;
-    return 0;
-}
-
 static int s_out_put (struct rx_detok *d, const char *s, size_t n)
 {
-    if (s_grow (&d->out, &d->cap_out, d->nout + n + 1) < 0) return -1;
+    if (rx_grow ((void **) &d->out, &d->cap_out, d->nout + n + 1, 1) < 0) return -1;
     if (n) memcpy (d->out + d->nout, s, n);
     d->nout += n;
     d->out[d->nout] = '\0';
@@ -74,7 +63,7 @@ static int s_out_put (struct rx_detok *d, const char *s, size_t n)
 
 static int s_hold_put (struct rx_detok *d, const char *s, size_t n)
 {
-    if (s_grow (&d->hold, &d->cap_hold, d->nhold + n + 1) < 0) return -1;
+    if (rx_grow ((void **) &d->hold, &d->cap_hold, d->nhold + n + 1, 1) < 0) return -1;
     if (n) memcpy (d->hold + d->nhold, s, n);
     d->nhold += n;
     return 0;

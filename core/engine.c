@@ -11,6 +11,7 @@
 #include <radix/kernel.h>
 #include <radix/model.h>
 
+#include "grow.h"
 #include "engine.h"
 #include "log.h"
 
@@ -467,18 +468,6 @@ int32_t rx_engine_n_out (const struct rx_engine_req *reqs, int32_t n_req)
     return n > INT32_MAX ? INT32_MAX : (int32_t) n;
 }
 
-static int s_grow (void **p, size_t *cap, size_t need, size_t elt)
-{
-    if (need <= *cap) return 0;
-    size_t nc = *cap ? *cap : 64;
-    while (nc < need) nc *= 2;
-    void *np = realloc (*p, nc * elt);
-    if (!np) return -1;
-    *p = np;
-    *cap = nc;
-    return 0;
-}
-
 int rx_engine_step (rx_engine_t *e, const struct rx_engine_req *reqs, int32_t n_req,
                     float *logits, struct rx_err *err)
 {
@@ -506,7 +495,7 @@ int rx_engine_step (rx_engine_t *e, const struct rx_engine_req *reqs, int32_t n_
                            (long long) n_tok, e->max_tokens);
     int32_t n_out = logits ? rx_engine_n_out (reqs, n_req) : 0;
     size_t need = 3 * (size_t) n_tok + 2 * ((size_t) n_req + 1) + (size_t) n_kv;
-    if (s_grow ((void **) &e->ih, &e->cap_ih, need, sizeof (int32_t)) < 0)
+    if (rx_grow ((void **) &e->ih, &e->cap_ih, need, sizeof (int32_t)) < 0)
         return rx_err_set (err, RX_ENOMEM, "engine: out of memory");
     int32_t *tokens = e->ih, *pos = tokens + n_tok, *out_rows = pos + n_tok,
             *q_start = out_rows + n_tok, *kv_start = q_start + n_req + 1, *slots = kv_start + n_req + 1;

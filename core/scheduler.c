@@ -17,6 +17,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "grow.h"
 #include "kvpool.h"
 #include "loader.h"
 #include "log.h"
@@ -143,18 +144,6 @@ static int s_list_remove (struct s_list *l, struct s_req *r)
             return 1;
         }
     return 0;
-}
-
-static int s_grow (void **p, size_t *cap, size_t need, size_t elem)
-{
-    if (need <= *cap) return RX_OK;
-    size_t nc = *cap ? *cap : 64;
-    while (nc < need) nc *= 2;
-    void *q = realloc (*p, nc * elem);
-    if (!q) return RX_ENOMEM;
-    *p = q;
-    *cap = nc;
-    return RX_OK;
 }
 
 static uint64_t s_mix (uint64_t x)
@@ -618,7 +607,7 @@ static uint64_t s_room (const rx_sched_t *s)
 static struct rx_ipc_tok_out *s_emit (rx_sched_t *s, struct s_req *r)
 {
     size_t i = s->n_ent;
-    if (s_grow ((void **) &s->ent, &s->cap_ent, i + 1, sizeof *s->ent)) return NULL;
+    if (rx_grow ((void **) &s->ent, &s->cap_ent, i + 1, sizeof *s->ent)) return NULL;
     /* parallel arrays follow cap_ent */
     size_t cap = s->cap_ent;
     uint32_t *ix = realloc (s->ent_index, cap * sizeof *ix);
@@ -719,7 +708,7 @@ static int s_cmp_items (const void *a, const void *b)
 static int s_order_waiting (rx_sched_t *s, struct rx_err *err)
 {
     size_t n = s->waiting.n;
-    if (s_grow ((void **) &s->items, &s->cap_items, n, sizeof *s->items))
+    if (rx_grow ((void **) &s->items, &s->cap_items, n, sizeof *s->items))
         return rx_err_set (err, RX_ENOMEM, "scheduler: out of memory");
     rx_radix_node_t *root = rx_radix_cache_root (s->cache);
     for (size_t i = 0; i < n; i++) {
@@ -973,8 +962,8 @@ static int s_forward (rx_sched_t *s, struct rx_err *err)
         n_tok += r->extend;
         n_slot += r->n_kv + r->extend;
     }
-    if (s_grow ((void **) &s->b_tokens, &s->cap_tok, n_tok, sizeof (int32_t)) ||
-        s_grow ((void **) &s->b_slots, &s->cap_slots, n_slot, sizeof (int32_t)))
+    if (rx_grow ((void **) &s->b_tokens, &s->cap_tok, n_tok, sizeof (int32_t)) ||
+        rx_grow ((void **) &s->b_slots, &s->cap_slots, n_slot, sizeof (int32_t)))
         return rx_err_set (err, RX_ENOMEM, "scheduler: out of memory");
     size_t cap_seq;
     /* b_pos follows cap_tok; q/kv/out follow cap_seq */
@@ -1010,7 +999,7 @@ static int s_forward (rx_sched_t *s, struct rx_err *err)
     }
     s->b_q[n_seq] = (int32_t) t;
     s->b_kvs[n_seq] = (int32_t) k;
-    if (s_grow ((void **) &s->logits, &s->cap_logits, n_out * (size_t) s->n_vocab + 1, sizeof (float)))
+    if (rx_grow ((void **) &s->logits, &s->cap_logits, n_out * (size_t) s->n_vocab + 1, sizeof (float)))
         return rx_err_set (err, RX_ENOMEM, "scheduler: out of memory");
     struct rx_model_batch b = {
         .struct_size = sizeof b,

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "grow.h"
 #include "boot.h"
 #include "chat.h"
 #include "commands.h"
@@ -52,22 +53,10 @@ struct chat {
     struct rx_detok dt;
 };
 
-static int s_grow (void **p, size_t *cap, size_t need, size_t elt)
-{
-    if (need <= *cap) return 0;
-    size_t nc = *cap ? *cap : 64;
-    while (nc < need) nc *= 2;
-    void *np = realloc (*p, nc * elt);
-    if (!np) return -1;
-    *p = np;
-    *cap = nc;
-    return 0;
-}
-
 static int s_add_msg (struct chat *c, const char *role, const char *text, size_t len)
 {
-    if (s_grow ((void **) &c->msgs, &c->cap_msgs, c->n_msgs + 1, sizeof *c->msgs) < 0) return -1;
-    if (s_grow ((void **) &c->owned, &c->cap_owned, c->n_msgs + 1, sizeof *c->owned) < 0) return -1;
+    if (rx_grow ((void **) &c->msgs, &c->cap_msgs, c->n_msgs + 1, sizeof *c->msgs) < 0) return -1;
+    if (rx_grow ((void **) &c->owned, &c->cap_owned, c->n_msgs + 1, sizeof *c->owned) < 0) return -1;
     char *t = strndup (text, len);
     if (!t) return -1;
     c->owned[c->n_msgs] = t;
@@ -86,13 +75,13 @@ static int s_on_token (void *ud, int32_t id)
 {
     struct chat *c = ud;
     if (rx_tokenizer_is_eog (c->tok, id)) return 1;
-    if (s_grow ((void **) &c->gen, &c->cap_gen, c->n_gen + 1, sizeof *c->gen) < 0) return 1;
+    if (rx_grow ((void **) &c->gen, &c->cap_gen, c->n_gen + 1, sizeof *c->gen) < 0) return 1;
     c->gen[c->n_gen++] = id;
     struct rx_detok_delta d;
     if (rx_detok_push (&c->dt, id, &d, NULL) == RX_OK && d.len) {
         fwrite (d.text, 1, d.len, stdout);
         fflush (stdout);
-        if (s_grow ((void **) &c->answer, &c->cap_answer, c->n_answer + d.len + 1, 1) < 0) return 1;
+        if (rx_grow ((void **) &c->answer, &c->cap_answer, c->n_answer + d.len + 1, 1) < 0) return 1;
         memcpy (c->answer + c->n_answer, d.text, d.len);
         c->n_answer += d.len;
     }
@@ -139,7 +128,7 @@ static int s_turn (struct chat *c, const char *user, size_t ulen, struct rx_err 
     struct rx_detok_delta d;
     if (rx_detok_finish (&c->dt, &d, NULL) == RX_OK && d.len) {
         fwrite (d.text, 1, d.len, stdout);
-        if (s_grow ((void **) &c->answer, &c->cap_answer, c->n_answer + d.len + 1, 1) == 0) {
+        if (rx_grow ((void **) &c->answer, &c->cap_answer, c->n_answer + d.len + 1, 1) == 0) {
             memcpy (c->answer + c->n_answer, d.text, d.len);
             c->n_answer += d.len;
         }
@@ -153,7 +142,7 @@ static int s_turn (struct chat *c, const char *user, size_t ulen, struct rx_err 
          * at --max-tokens (an end-of-generation token is never kept). */
         size_t held = (size_t) rx_engine_seq_len (c->e, c->seq);
         if (held < n || held > n + c->n_gen
-            || s_grow ((void **) &c->held, &c->cap_held, held, sizeof *c->held) < 0) {
+            || rx_grow ((void **) &c->held, &c->cap_held, held, sizeof *c->held) < 0) {
             rc = rx_err_set (err, RX_EINTERNAL, "chat: sequence holds %zu tokens, expected %zu..%zu",
                              held, n, n + c->n_gen);
         } else {
