@@ -38,6 +38,18 @@ double rx_gen_now (void);
 int rx_gen_parse_int (const char *opt, const char *s, long lo, long hi, long *out);
 int rx_gen_parse_float (const char *opt, const char *s, double lo, double hi, double *out);
 
+/* The long options both commands take (struct option entries); the
+ * sampling ones are handled by rx_gen_sampling_opt, --threads (j) and
+ * --ctx (C) by each command. */
+#define RX_GEN_COMMON_OPTIONS                                 \
+    { "temperature", required_argument, NULL, 't' },          \
+    { "top-k", required_argument, NULL, 'k' },                \
+    { "top-p", required_argument, NULL, 'P' },                \
+    { "min-p", required_argument, NULL, 'M' },                \
+    { "seed", required_argument, NULL, 's' },                 \
+    { "threads", required_argument, NULL, 'j' },              \
+    { "ctx", required_argument, NULL, 'C' }
+
 /* The sampling options both commands take: --temperature (t), --top-k (k),
  * --top-p (P), --min-p (M), --seed (s).  Returns 1 if c was one of them and
  * was applied to sp, 0 if c is another option, -1 on a bad value (message
