@@ -83,6 +83,31 @@ static inline char *tu_slurp_fd (int fd)
     return buf;
 }
 
+/* The whole file at path (binary), NUL-terminated for convenience; *len
+ * excludes the NUL.  Aborts the test process if it cannot be read. */
+static inline void *tu_read_file (const char *path, size_t *len)
+{
+    int fd = open (path, O_RDONLY);
+    if (fd < 0) {
+        fprintf (stderr, "cannot open %s: %s\n", path, strerror (errno));
+        abort ();
+    }
+    struct stat st;
+    if (fstat (fd, &st) < 0) abort ();
+    char *buf = malloc ((size_t) st.st_size + 1);
+    size_t n = 0;
+    while (n < (size_t) st.st_size) {
+        ssize_t r = read (fd, buf + n, (size_t) st.st_size - n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) abort ();
+        n += (size_t) r;
+    }
+    close (fd);
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
 struct tu_run {
     int status;     /* exit code, or 128+signal */
     char *out;      /* stdout */

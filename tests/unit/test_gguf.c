@@ -17,20 +17,6 @@ static char *s_fixture (const char *name)
     return tu_path (dir, name);
 }
 
-static void *s_slurp (const char *path, size_t *len)
-{
-    FILE *f = fopen (path, "rb");
-    cr_assert_not_null (f, "cannot open %s", path);
-    fseek (f, 0, SEEK_END);
-    long n = ftell (f);
-    fseek (f, 0, SEEK_SET);
-    void *buf = malloc (n ? (size_t) n : 1);
-    cr_assert_eq (fread (buf, 1, (size_t) n, f), (size_t) n);
-    fclose (f);
-    *len = (size_t) n;
-    return buf;
-}
-
 /* ------------------------------------------------------ good.gguf: types -- */
 
 Test (gguf, every_value_type)
@@ -243,7 +229,7 @@ Test (gguf, corrupted_corpus_refused_with_clear_message)
 
         /* the in-memory path gives the same verdict, naming the given name */
         size_t len;
-        void *buf = s_slurp (p, &len);
+        void *buf = tu_read_file (p, &len);
         struct rx_err e2 = { 0 };
         g = rx_gguf_open_mem (buf, len, s_bad[i].file, &e2);
         cr_expect_null (g);
@@ -309,7 +295,7 @@ Test (gguf, every_truncation_refused)
 {
     char *p = s_fixture ("good.gguf");
     size_t len;
-    uint8_t *buf = s_slurp (p, &len);
+    uint8_t *buf = tu_read_file (p, &len);
     for (size_t n = 0; n < len; n++) {
         uint8_t *cut = malloc (n ? n : 1);      /* exact size: ASan sees any over-read */
         memcpy (cut, buf, n);
@@ -330,7 +316,7 @@ Test (gguf, byte_flips_never_crash)
 {
     char *p = s_fixture ("good.gguf");
     size_t len;
-    uint8_t *buf = s_slurp (p, &len);
+    uint8_t *buf = tu_read_file (p, &len);
     static const uint8_t xors[] = { 0x01, 0x80, 0xff };
     int refused = 0;
     for (size_t i = 0; i < len; i++)
@@ -363,7 +349,7 @@ Test (gguf, version2_accepted)
 {
     char *p = s_fixture ("good.gguf");
     size_t len;
-    uint8_t *buf = s_slurp (p, &len);
+    uint8_t *buf = tu_read_file (p, &len);
     cr_assert_eq (buf[4], 3);
     buf[4] = 2;
     struct rx_err err = { 0 };

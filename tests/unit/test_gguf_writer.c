@@ -24,20 +24,6 @@ static void s_teardown (void)
 
 static int s_exists (const char *p) { return access (p, F_OK) == 0; }
 
-static void *s_slurp (const char *path, size_t *len)
-{
-    FILE *f = fopen (path, "rb");
-    cr_assert_not_null (f, "cannot open %s", path);
-    fseek (f, 0, SEEK_END);
-    long n = ftell (f);
-    fseek (f, 0, SEEK_SET);
-    void *buf = malloc (n ? (size_t) n : 1);
-    cr_assert_eq (fread (buf, 1, (size_t) n, f), (size_t) n);
-    fclose (f);
-    *len = (size_t) n;
-    return buf;
-}
-
 TestSuite (gguf_writer, .init = s_setup, .fini = s_teardown);
 
 Test (gguf_writer, round_trip_every_type)
@@ -327,7 +313,7 @@ static void s_expect_u32 (const rx_gguf_t *g, const char *key, uint32_t want)
 static int s_same_file (const char *a, const char *b)
 {
     size_t na, nb;
-    void *x = s_slurp (a, &na), *y = s_slurp (b, &nb);
+    void *x = tu_read_file (a, &na), *y = tu_read_file (b, &nb);
     int same = na == nb && memcmp (x, y, na) == 0;
     free (x);
     free (y);
