@@ -256,9 +256,9 @@ static int s_check_attn_ops (rx_plugin_t *p, struct rx_err *err)
 }
 
 /* [model] path as written in the file is relative to the file's folder. */
-static char *s_model_path (struct rx_boot *b, const struct rx_engine_opts *o)
+char *rx_engine_model_path (const struct rx_boot *b, const char *path)
 {
-    if (o && o->model_path) return strdup (o->model_path);
+    if (path) return strdup (path);
     int line = 0;
     const char *p = rx_conf_raw (b->conf, "model", "path", &line);
     if (!p || !*p) return NULL;
@@ -271,6 +271,55 @@ static char *s_model_path (struct rx_boot *b, const struct rx_engine_opts *o)
     return r;
 }
 
+/* "1.5 GiB", "12.0 MiB", "512 B": for the KV sizing messages. */
+static const char *s_bytes_str (uint64_t b, char *buf, size_t cap)
+{
+    static const char *const unit[] = { "KiB", "MiB", "GiB", "TiB" };
+    if (b < 1024) {
+        snprintf (buf, cap, "%llu B", (unsigned long long) b);
+        return buf;
+    }
+    double v = (double) b / 1024;
+    int u = 0;
+    while (v >= 1024 && u < 3) {
+        v /= 1024;
+        u++;
+    }
+    snprintf (buf, cap, "%.1f %s", v, unit[u]);
+    return buf;
+}
+
+/* opts->kv_bytes as e->n_slots, once the model reported its KV bytes per
+ * token (the attention backend and kv_dtype decide it, so the byte budget
+ * can only become tokens here, before reserve). */
+static int s_kv_slots (rx_engine_t *e, const struct rx_engine_opts *o, int64_t ctx, struct rx_err *err)
+{
+    char mem[32];
+    uint64_t bpt = e->info.kv_bytes_per_token;
+    if (bpt == 0)
+        return rx_err_set (err, RX_EINTERNAL, "%s: model plugin reports 0 KV bytes per token",
+                           rx_plugin_path (e->model_p));
+    uint64_t tok = o->kv_bytes / bpt;
+    uint64_t cap = (uint64_t) ctx * 64;
+    if (cap > INT32_MAX) cap = INT32_MAX;
+    if (tok > cap) {
+        rx_log (RX_LOG_INFO, "engine: KV memory %s would hold %llu tokens; capped at %llu "
+                "(64 x the context length of %lld)", s_bytes_str (o->kv_bytes, mem, sizeof mem),
+                (unsigned long long) tok, (unsigned long long) cap, (long long) ctx);
+        tok = cap;
+    }
+    uint64_t need = RX_ENGINE_MIN_KV_TOKENS;
+    if (o->max_tokens > 0 && 2 * (uint64_t) o->max_tokens > need) need = 2 * (uint64_t) o->max_tokens;
+    if (tok < need)
+        return rx_err_set (err, RX_ECONFIG,
+                           "KV memory %s holds only %llu tokens of this model (%llu B/token, "
+                           "at least %llu needed); raise [cache] kv_memory",
+                           s_bytes_str (o->kv_bytes, mem, sizeof mem), (unsigned long long) tok,
+                           (unsigned long long) bpt, (unsigned long long) need);
+    e->n_slots = (int64_t) tok;
+    return RX_OK;
+}
+
 /* ---------------------------------------------------------------- engine -- */
 
 rx_engine_t *rx_engine_new (struct rx_boot *b, const struct rx_engine_opts *o, struct rx_err *err)
@@ -281,7 +330,7 @@ rx_engine_t *rx_engine_new (struct rx_boot *b, const struct rx_engine_opts *o, s
         return NULL;
     }
     int rc = RX_OK;
-    char *path = s_model_path (b, o);
+    char *path = rx_engine_model_path (b, o ? o->model_path : NULL);
     if (!path) {
         rx_err_set (err, RX_ECONFIG, "no model: give --model FILE or set [model] path");
         goto fail;
@@ -358,8 +407,14 @@ rx_engine_t *rx_engine_new (struct rx_boot *b, const struct rx_engine_opts *o, s
     /* KV pool and scratch. */
     int64_t ctx = e->info.n_ctx_train > 0 ? e->info.n_ctx_train : 4096;
     e->n_slots = o && o->n_slots > 0 ? o->n_slots : (ctx < 4096 ? ctx : 4096);
-    e->max_tokens = o && o->max_tokens > 0 ? o->max_tokens
-                    : (int32_t) (e->n_slots < 512 ? e->n_slots : 512);
+    if (o && o->kv_bytes) {
+        if ((rc = s_kv_slots (e, o, ctx, err)) != RX_OK) goto fail;
+        /* At most half the pool per step, so a step never needs all of it. */
+        e->max_tokens = o->max_tokens > 0 ? o->max_tokens
+                        : (int32_t) (e->n_slots / 2 < 512 ? e->n_slots / 2 : 512);
+    } else
+        e->max_tokens = o && o->max_tokens > 0 ? o->max_tokens
+                        : (int32_t) (e->n_slots < 512 ? e->n_slots : 512);
     if ((rc = e->M->reserve (e->model, (uint64_t) e->n_slots, e->max_tokens, err)) != RX_OK) goto fail;
 
     snprintf (e->desc, sizeof e->desc, "%s: model-%s (%s), kernels-%s [%s], attn-%s, KV %lld slots x %llu B",

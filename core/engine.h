@@ -32,14 +32,33 @@ typedef struct rx_engine rx_engine_t;
 struct rx_engine_opts {
     const char *model_path;   /* NULL: [model] path */
     int64_t     n_slots;      /* KV pool in tokens; 0: min(context length, 4096) */
-    int32_t     max_tokens;   /* most tokens in one step; 0: min(n_slots, 512) */
+    int32_t     max_tokens;   /* most tokens in one step; 0: min(n_slots, 512)
+                                 (with kv_bytes: min(n_slots / 2, 512)) */
+    uint64_t    kv_bytes;     /* KV memory in bytes ([cache] kv_memory, see
+                                 rx_sched_kv_slots); when set, n_slots is ignored
+                                 and becomes kv_bytes / the model's KV bytes per
+                                 token, decided after the model reports its info
+                                 and before its KV is reserved; capped at 64 x
+                                 the context length and INT32_MAX.  Fewer than
+                                 RX_ENGINE_MIN_KV_TOKENS, or than 2 x an explicit
+                                 max_tokens, is an error naming [cache] kv_memory.
+                                 0: n_slots as above. */
 };
+
+/* The smallest KV pool kv_bytes may give (tokens). */
+#define RX_ENGINE_MIN_KV_TOKENS 64
 
 /* Errors: one line naming the file, plugin or key that is wrong.  Caller
  * owns the result; release with rx_engine_destroy. */
 rx_engine_t *rx_engine_new (struct rx_boot *boot, const struct rx_engine_opts *o,
                             struct rx_err *err);
 void rx_engine_destroy (rx_engine_t **self_p);
+
+/* The model file the engine opens: path if not NULL, else [model] path
+ * (a relative path in an INI file is relative to that file's folder), or
+ * NULL when neither is set (or out of memory).  Caller frees.  For
+ * processes that need the file without an engine (the detokenizer). */
+char *rx_engine_model_path (const struct rx_boot *boot, const char *path);
 
 const struct rx_model_info *rx_engine_info (const rx_engine_t *e);
 /* The open model file (for the tokenizer); owned by the engine. */

@@ -26,6 +26,7 @@ const char *rx_ipc_type_name (int type)
     case RX_IPC_GET_STATS:         return "GET_STATS";
     case RX_IPC_STATS:             return "STATS";
     case RX_IPC_SHUTDOWN:          return "SHUTDOWN";
+    case RX_IPC_REQ_ERROR:         return "REQ_ERROR";
     default:                       return "?";
     }
 }
@@ -238,6 +239,7 @@ static int s_write (struct s_w *w, const struct rx_ipc_msg *m, struct rx_err *er
                     return rx_err_set (err, RX_EINVAL, S_FMT "TOKENS: skip_special_tokens > 1");
             }
             s_u64 (w, o->rid);
+            s_u32 (w, o->index);
             s_u8 (w, (uint8_t) ((o->has_logprobs ? 1 : 0) | (o->first ? 2 : 0)));
             s_u8 (w, o->finish);
             s_i32 (w, o->matched);
@@ -273,6 +275,7 @@ static int s_write (struct s_w *w, const struct rx_ipc_msg *m, struct rx_err *er
             if (o->has_logprobs && (rc = s_check_lp (&o->lp, o->lp.n, 1, "TEXT", err)) < 0)
                 return rc;
             s_u64 (w, o->rid);
+            s_u32 (w, o->index);
             s_u8 (w, o->has_logprobs ? 1 : 0);
             s_u8 (w, o->finish);
             s_i32 (w, o->matched);
@@ -312,6 +315,14 @@ static int s_write (struct s_w *w, const struct rx_ipc_msg *m, struct rx_err *er
         s_f32 (w, s->cache_hit_rate);
         s_f32 (w, s->prompt_tps);
         s_f32 (w, s->gen_tps);
+        s_u64 (w, s->cached_tokens);
+        s_u64 (w, s->cache_tokens);
+        s_u64 (w, s->finished);
+        s_u64 (w, s->retractions);
+        s_u32 (w, s->max_running_requests);
+        s_u32 (w, s->context_len);
+        s_u32 (w, s->n_vocab);
+        s_f32 (w, s->new_token_ratio);
         break;
     }
     case RX_IPC_SHUTDOWN:
@@ -321,6 +332,19 @@ static int s_write (struct s_w *w, const struct rx_ipc_msg *m, struct rx_err *er
         s_u8 (w, m->u.shutdown.mode);
         s_u32 (w, m->u.shutdown.deadline_ms);
         break;
+    case RX_IPC_REQ_ERROR: {
+        const char *msg = m->u.req_error.message ? m->u.req_error.message : "";
+        size_t l = strlen (msg);
+        if (m->u.req_error.status >= 0)
+            return rx_err_set (err, RX_EINVAL, S_FMT "REQ_ERROR: status %d is not an error",
+                               m->u.req_error.status);
+        if (!s_utf8_valid ((const uint8_t *) msg, l))
+            return rx_err_set (err, RX_EINVAL, S_FMT "REQ_ERROR: message is not UTF-8");
+        s_u64 (w, m->u.req_error.rid);
+        s_i32 (w, m->u.req_error.status);
+        s_str (w, msg, l);
+        break;
+    }
     default:
         return rx_err_set (err, RX_EINVAL, S_FMT "cannot encode unknown type %u", m->type);
     }
@@ -608,13 +632,14 @@ static int s_read_tokens (struct s_r *r, struct rx_ipc_tokens *t)
     if ((rc = s_gu64 (r, &t->step, "step")) < 0) return rc;
     uint32_t n;
     if ((rc = s_gu32 (r, &n, "entry count")) < 0) return rc;
-    /* smallest entry: rid 8 + flags 1 + finish 1 + matched 4 + usage 12 + n_ids 4 */
-    if ((rc = s_alloc (r, n, 30, sizeof *t->out, (void **) &t->out, "entries")) < 0) return rc;
+    /* smallest entry: rid 8 + index 4 + flags 1 + finish 1 + matched 4 + usage 12 + n_ids 4 */
+    if ((rc = s_alloc (r, n, 34, sizeof *t->out, (void **) &t->out, "entries")) < 0) return rc;
     for (uint32_t i = 0; i < n; i++) {
         struct rx_ipc_tok_out *o = &t->out[i];
         uint8_t flags;
         t->n = i + 1;
         if ((rc = s_gu64 (r, &o->rid, "rid")) < 0) return rc;
+        if ((rc = s_gu32 (r, &o->index, "index")) < 0) return rc;
         if ((rc = s_gu8 (r, &flags, "flags")) < 0) return rc;
         if (flags & ~3u)
             return rx_err_set (r->err, RX_EFORMAT, S_FMT "TOKENS: unknown flags 0x%02x", flags);
@@ -638,13 +663,14 @@ static int s_read_text (struct s_r *r, struct rx_ipc_text *t)
     int rc;
     uint32_t n;
     if ((rc = s_gu32 (r, &n, "entry count")) < 0) return rc;
-    /* smallest entry: rid 8 + flags 1 + finish 1 + matched 4 + usage 12 + text len 4 */
-    if ((rc = s_alloc (r, n, 30, sizeof *t->out, (void **) &t->out, "entries")) < 0) return rc;
+    /* smallest entry: rid 8 + index 4 + flags 1 + finish 1 + matched 4 + usage 12 + text len 4 */
+    if ((rc = s_alloc (r, n, 34, sizeof *t->out, (void **) &t->out, "entries")) < 0) return rc;
     for (uint32_t i = 0; i < n; i++) {
         struct rx_ipc_text_out *o = &t->out[i];
         uint8_t flags;
         t->n = i + 1;
         if ((rc = s_gu64 (r, &o->rid, "rid")) < 0) return rc;
+        if ((rc = s_gu32 (r, &o->index, "index")) < 0) return rc;
         if ((rc = s_gu8 (r, &flags, "flags")) < 0) return rc;
         if (flags & ~1u)
             return rx_err_set (r->err, RX_EFORMAT, S_FMT "TEXT: unknown flags 0x%02x", flags);
@@ -735,9 +761,17 @@ int rx_ipc_decode (const void *buf, size_t n, struct rx_ipc_msg *m, struct rx_er
             || (rc = s_gu64 (&r, &s->prompt_tokens, "prompt_tokens")) < 0
             || (rc = s_gu64 (&r, &s->gen_tokens, "gen_tokens")) < 0
             || (rc = s_gf32 (&r, &s->cache_hit_rate, "cache_hit_rate")) < 0
-            || (rc = s_gf32 (&r, &s->prompt_tps, "prompt_tps")) < 0)
+            || (rc = s_gf32 (&r, &s->prompt_tps, "prompt_tps")) < 0
+            || (rc = s_gf32 (&r, &s->gen_tps, "gen_tps")) < 0
+            || (rc = s_gu64 (&r, &s->cached_tokens, "cached_tokens")) < 0
+            || (rc = s_gu64 (&r, &s->cache_tokens, "cache_tokens")) < 0
+            || (rc = s_gu64 (&r, &s->finished, "finished")) < 0
+            || (rc = s_gu64 (&r, &s->retractions, "retractions")) < 0
+            || (rc = s_gu32 (&r, &s->max_running_requests, "max_running_requests")) < 0
+            || (rc = s_gu32 (&r, &s->context_len, "context_len")) < 0
+            || (rc = s_gu32 (&r, &s->n_vocab, "n_vocab")) < 0)
             break;
-        rc = s_gf32 (&r, &s->gen_tps, "gen_tps");
+        rc = s_gf32 (&r, &s->new_token_ratio, "new_token_ratio");
         break;
     }
     case RX_IPC_SHUTDOWN:
@@ -748,6 +782,16 @@ int rx_ipc_decode (const void *buf, size_t n, struct rx_ipc_msg *m, struct rx_er
             break;
         }
         rc = s_gu32 (&r, &m->u.shutdown.deadline_ms, "deadline_ms");
+        break;
+    case RX_IPC_REQ_ERROR:
+        if ((rc = s_gu64 (&r, &m->u.req_error.rid, "rid")) < 0) break;
+        if ((rc = s_gi32 (&r, &m->u.req_error.status, "status")) < 0) break;
+        if (m->u.req_error.status >= 0) {
+            rc = rx_err_set (err, RX_EFORMAT, S_FMT "REQ_ERROR: status %d is not an error",
+                             m->u.req_error.status);
+            break;
+        }
+        rc = s_gstr (&r, &m->u.req_error.message, NULL, S_STR_C, "message");
         break;
     default:
         rc = rx_err_set (err, RX_EINTERNAL, S_FMT "type %u passed peek", ty);
@@ -799,6 +843,9 @@ void rx_ipc_msg_free (struct rx_ipc_msg *m)
         break;
     case RX_IPC_FLUSH_CACHE_REPLY:
         free (m->u.flush_reply.message);
+        break;
+    case RX_IPC_REQ_ERROR:
+        free (m->u.req_error.message);
         break;
     default:
         break;

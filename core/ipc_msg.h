@@ -1,7 +1,7 @@
 /* core/ipc_msg.h -- the binary messages radixd's processes exchange over ZMQ
  * (core/ipc.h): main -> scheduler (REQ_NEW, REQ_ABORT, control),
  * scheduler -> detokenizer (TOKENS), detokenizer -> main (TEXT), and the
- * control replies (FLUSH_CACHE_REPLY, STATS).
+ * scheduler's replies to main (REQ_ERROR, FLUSH_CACHE_REPLY, STATS).
  *
  * Wire format, version RX_IPC_VERSION (all integers little-endian, floats
  * as their IEEE-754 bit pattern in a u32):
@@ -20,14 +20,14 @@
  *                u8 n_stop, n_stop x str; u8 n_stop_ids, n_stop_ids x i32
  *   REQ_ABORT    u32 count, count x u64 rid
  *   TOKENS       u64 step, u32 count, count x entry:
- *                u64 rid, u8 flags (1 = logprobs, 2 = first output),
+ *                u64 rid, u32 index, u8 flags (1 = logprobs, 2 = first output),
  *                u8 finish, i32 matched, u32 prompt, cached, completion tokens,
  *                i32[] ids,
  *                [flags&1: u8 n_top, n x f32 logprob, n*n_top x i32 top ids,
  *                          n*n_top x f32 top logprobs      (n = number of ids)]
  *                [flags&2: u8 skip_special_tokens, u8 n_stop, n_stop x str]
  *   TEXT         u32 count, count x entry:
- *                u64 rid, u8 flags (1 = logprobs), u8 finish, i32 matched,
+ *                u64 rid, u32 index, u8 flags (1 = logprobs), u8 finish, i32 matched,
  *                u32 prompt, cached, completion tokens, str text (UTF-8),
  *                [flags&1: u32 n, u8 n_top, n x i32 ids, n x f32 logprob,
  *                          n*n_top x i32 top ids, n*n_top x f32 top logprobs]
@@ -36,8 +36,14 @@
  *   GET_STATS    u64 cookie
  *   STATS        u64 cookie, u32 dp_rank, running, queued, u64 kv_used,
  *                kv_total, steps, prompt_tokens, gen_tokens, f32 cache_hit_rate,
- *                prompt_tps, gen_tps
+ *                prompt_tps, gen_tps, u64 cached_tokens, cache_tokens,
+ *                finished, retractions, u32 max_running_requests,
+ *                context_len, n_vocab, f32 new_token_ratio
  *   SHUTDOWN     u8 mode (enum rx_ipc_shutdown_mode), u32 deadline_ms
+ *   REQ_ERROR    u64 rid, i32 status (enum rx_status, < 0), str message
+ *
+ * History: version 2 added the sibling index to TOKENS and TEXT entries
+ * (n > 1), the REQ_ERROR type and the STATS fields after gen_tps.
  *
  * Any change to a layout bumps RX_IPC_VERSION: processes of one radixd are
  * always the same build, so a version mismatch means a stale binary or a
@@ -68,7 +74,7 @@
 #include "request.h"
 
 #define RX_IPC_MAGIC      0x50495852u    /* "RXIP" as little-endian bytes */
-#define RX_IPC_VERSION    1
+#define RX_IPC_VERSION    2
 #define RX_IPC_HEADER_LEN 12
 /* Upper bound of one encoded message (a sanity limit, not a buffer size). */
 #define RX_IPC_MAX_MSG    (256u << 20)
@@ -82,9 +88,10 @@ enum rx_ipc_type {
     RX_IPC_FLUSH_CACHE_REPLY = 6,   /* scheduler -> main */
     RX_IPC_GET_STATS         = 7,   /* main -> scheduler */
     RX_IPC_STATS             = 8,   /* scheduler -> main (reply or periodic, cookie 0) */
-    RX_IPC_SHUTDOWN          = 9    /* main -> scheduler, detokenizer */
+    RX_IPC_SHUTDOWN          = 9,   /* main -> scheduler; scheduler -> detokenizer */
+    RX_IPC_REQ_ERROR         = 10   /* scheduler -> main: a REQ_NEW was refused (since v2) */
 };
-#define RX_IPC_TYPE_MAX 9
+#define RX_IPC_TYPE_MAX 10
 
 /* Why a request stopped.  STOP_STR is decided by the detokenizer (stop
  * strings can span token boundaries); the others by the scheduler. */
@@ -123,6 +130,7 @@ struct rx_ipc_usage {
 /* One request's output of one scheduler step. */
 struct rx_ipc_tok_out {
     uint64_t rid;
+    uint32_t index;              /* sibling index, 0..n-1 (n > 1 requests); 0 otherwise */
     uint8_t  finish;             /* enum rx_finish */
     int32_t  matched;            /* see enum rx_finish; -1 when none */
     struct rx_ipc_usage usage;
@@ -147,6 +155,7 @@ struct rx_ipc_tokens {
 /* One request's text delta. */
 struct rx_ipc_text_out {
     uint64_t rid;
+    uint32_t index;              /* sibling index, as in TOKENS */
     uint8_t  finish;             /* enum rx_finish */
     int32_t  matched;
     struct rx_ipc_usage usage;
@@ -185,6 +194,25 @@ struct rx_ipc_stats {
     float    cache_hit_rate;     /* cached / prompt tokens, 0..1 */
     float    prompt_tps;         /* recent throughput, tokens/s */
     float    gen_tps;
+    /* since v2 */
+    uint64_t cached_tokens;      /* prompt tokens served from the radix cache, total */
+    uint64_t cache_tokens;       /* tokens now held by the radix cache */
+    uint64_t finished;           /* requests (siblings) finished, total */
+    uint64_t retractions;        /* requests retracted, total */
+    uint32_t max_running_requests;  /* the limit the scheduler enforces */
+    uint32_t context_len;        /* the context length it enforces (prompt + output) */
+    uint32_t n_vocab;
+    float    new_token_ratio;    /* the admission estimate now */
+};
+
+/* A REQ_NEW the scheduler refused (main answers the client with it):
+ * RX_EAGAIN queue full or shutting down (HTTP 503), RX_EINVAL bad
+ * parameters (400), RX_ERANGE prompt over the context or the KV pool (400
+ * context_length_exceeded). */
+struct rx_ipc_req_error {
+    uint64_t rid;
+    int32_t  status;             /* enum rx_status, always < 0 */
+    char    *message;            /* NUL-terminated one line, may be "" */
 };
 
 struct rx_ipc_shutdown {
@@ -203,6 +231,7 @@ struct rx_ipc_msg {
         struct rx_ipc_flush_reply flush_reply; /* FLUSH_CACHE_REPLY */
         struct rx_ipc_stats       stats;       /* STATS */
         struct rx_ipc_shutdown    shutdown;    /* SHUTDOWN */
+        struct rx_ipc_req_error   req_error;   /* REQ_ERROR */
     } u;
 };
 

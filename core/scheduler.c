@@ -626,6 +626,7 @@ static struct rx_ipc_tok_out *s_emit (rx_sched_t *s, struct s_req *r)
     memset (t, 0, sizeof *t);
     s->ent_index[i] = r->index;
     t->rid = r->rid;
+    t->index = r->index;
     t->finish = RX_FINISH_NONE;
     t->matched = -1;
     t->usage.prompt_tokens = r->n_in;
@@ -672,6 +673,17 @@ static void s_retire (rx_sched_t *s, struct s_req *r)
 }
 
 /* ------------------------------------------------------------- abort -- */
+
+int rx_sched_abort_all (rx_sched_t *s)
+{
+    if (!s) return 0;
+    int n = 0;
+    /* Each rx_sched_abort takes every sibling of its rid off every list. */
+    while (s->chunked) n += rx_sched_abort (s, s->chunked->rid);
+    while (s->running.n) n += rx_sched_abort (s, s->running.v[0]->rid);
+    while (s->waiting.n) n += rx_sched_abort (s, s->waiting.v[0]->rid);
+    return n;
+}
 
 int rx_sched_abort (rx_sched_t *s, uint64_t rid)
 {
@@ -1195,6 +1207,8 @@ void rx_sched_stats (rx_sched_t *s, struct rx_sched_stats *st)
     st->retractions = s->st_retract;
     st->finished = s->st_finished;
     st->new_token_ratio = s->new_token_ratio;
+    st->max_running_requests = (uint32_t) s->o.max_running_requests;
+    st->context_len = (uint32_t) s->ctx;
     st->cache_hit_rate = s->st_prompt ? (double) s->st_cached / (double) s->st_prompt : 0;
     double now = s_now (), dt = now - s->st_last_time;
     if (dt > 0) {

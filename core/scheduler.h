@@ -127,10 +127,14 @@ int rx_sched_submit (rx_sched_t *s, struct rx_request *r, struct rx_err *err);
  * the next rx_sched_step reports finish = RX_FINISH_ABORT for each.
  * Returns the number of siblings aborted (0: unknown or finished rid). */
 int rx_sched_abort (rx_sched_t *s, uint64_t rid);
+/* rx_sched_abort of every request waiting or running (shutdown).  Returns
+ * the number of siblings aborted. */
+int rx_sched_abort_all (rx_sched_t *s);
 
 /* The outputs of one step.  tokens.out[i] is one request's entry, ready to
- * be sent as a TOKENS message as is (msg.u.tokens = out.tokens); index[i]
- * is that entry's sibling index (n > 1; TOKENS does not carry it yet).
+ * be sent as a TOKENS message as is (msg.u.tokens = out.tokens), its
+ * sibling index (n > 1) in tokens.out[i].index; index[i] repeats it (kept
+ * for existing callers).
  * Every array is owned by the scheduler and valid until the next call of
  * rx_sched_step or rx_sched_destroy. */
 struct rx_sched_out {
@@ -175,6 +179,8 @@ struct rx_sched_stats {
     uint64_t finished;
     double   new_token_ratio;
     double   cache_hit_rate;    /* cached / prompt tokens */
+    uint32_t max_running_requests;  /* the limit in force (after defaults) */
+    uint32_t context_len;       /* the context length enforced (prompt + output) */
     double   prompt_tps;        /* since the previous rx_sched_stats call (wall time) */
     double   gen_tps;
 };

@@ -110,6 +110,7 @@ static void s_tokens (struct rx_ipc_msg *m, uint32_t n)
     memset (s_tok_out, 0, sizeof s_tok_out);
     /* running, with full top-k logprobs */
     s_tok_out[0].rid = 42;
+    s_tok_out[0].index = 63;
     s_tok_out[0].finish = RX_FINISH_NONE;
     s_tok_out[0].matched = -1;
     s_tok_out[0].usage = (struct rx_ipc_usage) { 1000, 512, 4 };
@@ -120,6 +121,7 @@ static void s_tokens (struct rx_ipc_msg *m, uint32_t n)
                                                  s_top_lp };
     /* first output: carries every stop string */
     s_tok_out[1].rid = UINT64_MAX;
+    s_tok_out[1].index = UINT32_MAX;
     s_tok_out[1].finish = RX_FINISH_STOP_ID;
     s_tok_out[1].matched = 128001;
     s_tok_out[1].usage = (struct rx_ipc_usage) { UINT32_MAX, 0, 1 };
@@ -149,6 +151,7 @@ static void s_text (struct rx_ipc_msg *m, uint32_t n)
 {
     memset (s_text_out, 0, sizeof s_text_out);
     s_text_out[0].rid = 7;
+    s_text_out[0].index = 2;
     s_text_out[0].finish = RX_FINISH_NONE;
     s_text_out[0].matched = -1;
     s_text_out[0].usage = (struct rx_ipc_usage) { 10, 0, 3 };
@@ -157,6 +160,7 @@ static void s_text (struct rx_ipc_msg *m, uint32_t n)
     s_text_out[0].has_logprobs = 1;
     s_text_out[0].lp = (struct rx_ipc_logprobs) { 4, 2, s_tok_ids, s_tok_lp, s_top_ids, s_top_lp };
     s_text_out[1].rid = UINT64_MAX;
+    s_text_out[1].index = UINT32_MAX;
     s_text_out[1].finish = RX_FINISH_STOP_STR;
     s_text_out[1].matched = 15;
     s_text_out[1].usage = (struct rx_ipc_usage) { 1, 1, 100 };
@@ -200,22 +204,36 @@ static void s_control (struct rx_ipc_msg *m, int which)
     case 4:
         m->type = RX_IPC_STATS;
         m->u.stats = (struct rx_ipc_stats) { 12345, 3, 17, 250, 100000, UINT64_MAX, 1ull << 33,
-                                             987654321, 123456789, 0.625f, 2500.5f, 180.25f };
+                                             987654321, 123456789, 0.625f, 2500.5f, 180.25f,
+                                             555555, 1ull << 35, 4242, 7, 1024, 131072, 151936,
+                                             0.4375f };
         break;
     case 5:
         m->type = RX_IPC_SHUTDOWN;
         m->u.shutdown.mode = RX_IPC_SHUTDOWN_DRAIN;
         m->u.shutdown.deadline_ms = 30000;
         break;
-    default:
+    case 6:
         m->type = RX_IPC_SHUTDOWN;
         m->u.shutdown.mode = RX_IPC_SHUTDOWN_NOW;
         m->u.shutdown.deadline_ms = 0;
         break;
+    case 7:
+        m->type = RX_IPC_REQ_ERROR;
+        m->u.req_error.rid = 0x1122334455667788ull;
+        m->u.req_error.status = RX_EAGAIN;
+        m->u.req_error.message = "scheduler: queue full (4 waiting, max_queued_requests 4) \xe2\x80\x94 retry";
+        break;
+    default:
+        m->type = RX_IPC_REQ_ERROR;
+        m->u.req_error.rid = UINT64_MAX;
+        m->u.req_error.status = INT32_MIN;
+        m->u.req_error.message = "";
+        break;
     }
 }
 
-#define S_NSAMPLES 16
+#define S_NSAMPLES 17
 static void s_sample (int i, struct rx_ipc_msg *m)
 {
     s_init_arrays ();
@@ -305,6 +323,7 @@ static void s_eq (const struct rx_ipc_msg *a, const struct rx_ipc_msg *b)
         for (uint32_t i = 0; i < a->u.tokens.n; i++) {
             const struct rx_ipc_tok_out *x = &a->u.tokens.out[i], *y = &b->u.tokens.out[i];
             cr_assert_eq (x->rid, y->rid);
+            cr_assert_eq (x->index, y->index);
             cr_assert_eq (x->finish, y->finish);
             cr_assert_eq (x->matched, y->matched);
             s_eq_usage (&x->usage, &y->usage);
@@ -325,6 +344,7 @@ static void s_eq (const struct rx_ipc_msg *a, const struct rx_ipc_msg *b)
         for (uint32_t i = 0; i < a->u.text.n; i++) {
             const struct rx_ipc_text_out *x = &a->u.text.out[i], *y = &b->u.text.out[i];
             cr_assert_eq (x->rid, y->rid);
+            cr_assert_eq (x->index, y->index);
             cr_assert_eq (x->finish, y->finish);
             cr_assert_eq (x->matched, y->matched);
             s_eq_usage (&x->usage, &y->usage);
@@ -359,8 +379,21 @@ static void s_eq (const struct rx_ipc_msg *a, const struct rx_ipc_msg *b)
         cr_assert (s_feq (x->cache_hit_rate, y->cache_hit_rate));
         cr_assert (s_feq (x->prompt_tps, y->prompt_tps));
         cr_assert (s_feq (x->gen_tps, y->gen_tps));
+        cr_assert_eq (x->cached_tokens, y->cached_tokens);
+        cr_assert_eq (x->cache_tokens, y->cache_tokens);
+        cr_assert_eq (x->finished, y->finished);
+        cr_assert_eq (x->retractions, y->retractions);
+        cr_assert_eq (x->max_running_requests, y->max_running_requests);
+        cr_assert_eq (x->context_len, y->context_len);
+        cr_assert_eq (x->n_vocab, y->n_vocab);
+        cr_assert (s_feq (x->new_token_ratio, y->new_token_ratio));
         break;
     }
+    case RX_IPC_REQ_ERROR:
+        cr_assert_eq (a->u.req_error.rid, b->u.req_error.rid);
+        cr_assert_eq (a->u.req_error.status, b->u.req_error.status);
+        cr_assert_str_eq (a->u.req_error.message, b->u.req_error.message);
+        break;
     case RX_IPC_SHUTDOWN:
         cr_assert_eq (a->u.shutdown.mode, b->u.shutdown.mode);
         cr_assert_eq (a->u.shutdown.deadline_ms, b->u.shutdown.deadline_ms);
@@ -452,17 +485,39 @@ Test (ipc_msg, wire_layout_is_little_endian_and_compact)
     uint8_t *b = s_enc (&m, &len);
     /* header 12 + count 4 + 3 x 8 */
     cr_assert_eq (len, 12 + 4 + 24);
-    static const uint8_t head[] = { 'R', 'X', 'I', 'P', 1, 0, RX_IPC_REQ_ABORT, 0, 28, 0, 0, 0,
+    static const uint8_t head[] = { 'R', 'X', 'I', 'P', 2, 0, RX_IPC_REQ_ABORT, 0, 28, 0, 0, 0,
                                     3, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0 };
     cr_assert_eq (memcmp (b, head, sizeof head), 0);
     cr_assert_eq (b[16 + 8 + 7], 0x80);       /* rid 1<<63: top byte last */
     free (b);
-    /* TOKENS: 4 ids cost 16 bytes, not more */
+    /* TOKENS: 4 ids cost 16 bytes, not more; the sibling index follows
+     * the rid as a u32 */
     struct rx_ipc_msg t;
     s_tokens (&t, 1);
     s_tok_out[0].has_logprobs = 0;
+    s_tok_out[0].index = 0x01020304u;
     b = s_enc (&t, &len);
-    cr_assert_eq (len, 12 + 8 + 4 + (8 + 1 + 1 + 4 + 12 + 4 + 16));
+    cr_assert_eq (len, 12 + 8 + 4 + (8 + 4 + 1 + 1 + 4 + 12 + 4 + 16));
+    static const uint8_t ix[] = { 42, 0, 0, 0, 0, 0, 0, 0, 4, 3, 2, 1 };
+    cr_assert_eq (memcmp (b + 12 + 8 + 4, ix, sizeof ix), 0);
+    free (b);
+    /* REQ_ERROR: rid, status, message */
+    memset (&t, 0, sizeof t);
+    t.type = RX_IPC_REQ_ERROR;
+    t.u.req_error = (struct rx_ipc_req_error) { 5, RX_ERANGE, (char *) "ab" };
+    b = s_enc (&t, &len);
+    cr_assert_eq (len, 12 + 8 + 4 + 4 + 2);
+    cr_assert_eq (b[6], 10);
+    cr_assert_eq (b[12], 5);
+    int32_t st;
+    memcpy (&st, b + 20, 4);
+    cr_assert_eq (st, RX_ERANGE);
+    cr_assert_eq (memcmp (b + 24, "\x02\0\0\0ab", 6), 0);
+    free (b);
+    /* STATS v2: 12 + the v1 payload (8 + 3x4 + 5x8 + 3x4) + 4x8 + 3x4 + 4 */
+    s_control (&t, 4);
+    b = s_enc (&t, &len);
+    cr_assert_eq (len, 12 + (8 + 12 + 40 + 12) + 32 + 12 + 4);
     free (b);
 }
 
@@ -581,13 +636,17 @@ Test (ipc_msg, other_version_refused_naming_both)
     s_req_empty (&m);
     size_t len;
     uint8_t *buf = s_enc (&m, &len);
-    buf[4] = 2;
-    s_refused (buf, len, "version 2");
+    /* version 1 (before the sibling index and REQ_ERROR) and version 3 */
+    buf[4] = 1;
+    s_refused (buf, len, "version 1");
     struct rx_ipc_msg d;
     struct rx_err err = { 0 };
     rx_ipc_decode (buf, len, &d, &err);
-    cr_assert (strstr (err.msg, "format version 2"), "%s", err.msg);
-    cr_assert (strstr (err.msg, "version 1"), "%s", err.msg);
+    cr_assert (strstr (err.msg, "format version 1,"), "%s", err.msg);
+    cr_assert (strstr (err.msg, "speaks version 2"), "%s", err.msg);
+    buf[4] = 3;
+    rx_ipc_decode (buf, len, &d, &err);
+    cr_assert (strstr (err.msg, "format version 3,"), "%s", err.msg);
     buf[4] = 0;
     buf[5] = 1;   /* 256 */
     rx_ipc_decode (buf, len, &d, &err);
@@ -613,7 +672,7 @@ Test (ipc_msg, bad_header_refused)
     buf[6] = RX_IPC_TYPE_MAX + 1;
     s_refused (buf, len, "type max+1");
     rx_ipc_decode (buf, len, &d, &err);
-    cr_assert (strstr (err.msg, "unknown message type 10"), "%s", err.msg);
+    cr_assert (strstr (err.msg, "unknown message type 11"), "%s", err.msg);
     buf[6] = RX_IPC_GET_STATS;
     s_put_u32 (buf + 8, 0xffffffffu);
     s_refused (buf, len, "length");
@@ -661,7 +720,7 @@ Test (ipc_msg, forged_counts_refused_before_allocating, .timeout = 10)
     s_text (&t, 1);
     size_t len;
     uint8_t *buf = s_enc (&t, &len);
-    size_t text_len_off = 12 + 4 + 8 + 1 + 1 + 4 + 12;
+    size_t text_len_off = 12 + 4 + 8 + 4 + 1 + 1 + 4 + 12;
     s_put_u32 (buf + text_len_off, 0x7fffffffu);
     s_refused (buf, len, "text length");
     free (buf);
@@ -718,13 +777,13 @@ Test (ipc_msg, invalid_values_refused)
     /* TOKENS: finish, flags */
     s_tokens (&m, 1);
     s_tok_out[0].has_logprobs = 0;
-    s_refuse_patched (&m, 12 + 12 + 8 + 1, (const uint8_t[]) { 6 }, 1, "unknown finish reason 6");
+    s_refuse_patched (&m, 12 + 12 + 8 + 4 + 1, (const uint8_t[]) { 6 }, 1, "unknown finish reason 6");
     s_tokens (&m, 1);
     s_tok_out[0].has_logprobs = 0;
-    s_refuse_patched (&m, 12 + 12 + 8, (const uint8_t[]) { 4 }, 1, "unknown flags 0x04");
+    s_refuse_patched (&m, 12 + 12 + 8 + 4, (const uint8_t[]) { 4 }, 1, "unknown flags 0x04");
     /* n_top over 20 */
     s_tokens (&m, 1);
-    size_t ntop_off = 12 + 12 + 8 + 1 + 1 + 4 + 12 + 4 + 16;
+    size_t ntop_off = 12 + 12 + 8 + 4 + 1 + 1 + 4 + 12 + 4 + 16;
     s_refuse_patched (&m, ntop_off, (const uint8_t[]) { 21 }, 1, "21 top logprobs");
 
     /* TEXT: overlong, surrogate and truncated UTF-8 */
@@ -734,15 +793,27 @@ Test (ipc_msg, invalid_values_refused)
     m.type = RX_IPC_TEXT;
     m.u.text.n = 1;
     m.u.text.out = &to;
-    size_t toff = 12 + 4 + 8 + 1 + 1 + 4 + 12 + 4;
+    size_t toff = 12 + 4 + 8 + 4 + 1 + 1 + 4 + 12 + 4;
     s_refuse_patched (&m, toff, (const uint8_t[]) { 0xc0, 0xaf }, 2, "text is not valid UTF-8");
     s_refuse_patched (&m, toff, (const uint8_t[]) { 0xed, 0xa0, 0x80 }, 3, "not valid UTF-8");
     s_refuse_patched (&m, toff + 2, (const uint8_t[]) { 0xe4, 0xb8 }, 2, "not valid UTF-8");
     s_refuse_patched (&m, toff, (const uint8_t[]) { 0xf4, 0x90, 0x80, 0x80 }, 4, "not valid UTF-8");
 
+    /* TEXT flags */
+    s_refuse_patched (&m, 12 + 4 + 8 + 4, (const uint8_t[]) { 2 }, 1, "unknown flags 0x02");
+
     /* SHUTDOWN mode */
     s_control (&m, 5);
     s_refuse_patched (&m, 12, (const uint8_t[]) { 2 }, 1, "unknown mode 2");
+
+    /* REQ_ERROR: a status that is not an error, a NUL or bad UTF-8 in the
+     * message, a message longer than the payload */
+    s_control (&m, 7);
+    s_refuse_patched (&m, 12 + 8, (const uint8_t[]) { 0, 0, 0, 0 }, 4, "status 0 is not an error");
+    s_refuse_patched (&m, 12 + 8, (const uint8_t[]) { 1, 0, 0, 0 }, 4, "status 1 is not an error");
+    s_refuse_patched (&m, 12 + 8 + 4 + 4 + 3, (const uint8_t[]) { 0 }, 1, "message contains NUL");
+    s_refuse_patched (&m, 12 + 8 + 4 + 4, (const uint8_t[]) { 0xc3 }, 1, "message is not valid UTF-8");
+    s_refuse_patched (&m, 12 + 8 + 4, (const uint8_t[]) { 0xff, 0xff, 0, 0 }, 4, "claims 65535 bytes");
 }
 
 Test (ipc_msg, encoder_refuses_what_decoder_would)
@@ -802,6 +873,12 @@ Test (ipc_msg, encoder_refuses_what_decoder_would)
     s_control (&m, 5);
     m.u.shutdown.mode = 7;
     ENC_FAILS ("unknown mode 7");
+    s_control (&m, 7);
+    m.u.req_error.status = RX_OK;
+    ENC_FAILS ("status 0 is not an error");
+    s_control (&m, 7);
+    m.u.req_error.message = (char *) "bad \xff";
+    ENC_FAILS ("REQ_ERROR: message is not UTF-8");
     memset (&m, 0, sizeof m);
     m.type = 77;
     ENC_FAILS ("unknown type 77");
