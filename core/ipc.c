@@ -390,6 +390,14 @@ static int s_recv_msg (rx_ipc_sock_t *s, zmq_msg_t *msg, int timeout_ms, struct 
     }
 }
 
+int rx_ipc_sock_fd (rx_ipc_sock_t *sock)
+{
+    int fd = -1;
+    size_t sz = sizeof fd;
+    if (!sock || zmq_getsockopt (sock->z, ZMQ_FD, &fd, &sz) != 0) return -1;
+    return fd;
+}
+
 int rx_ipc_recv (rx_ipc_sock_t *sock, struct rx_ipc_msg *m, int timeout_ms, struct rx_err *err)
 {
     memset (m, 0, sizeof *m);

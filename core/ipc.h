@@ -82,6 +82,11 @@ void rx_ipc_close (rx_ipc_sock_t **sock_p);
 /* The resolved endpoint; for "tcp://host:0" binds, the port actually bound. */
 const char *rx_ipc_sock_endpoint (const rx_ipc_sock_t *sock);
 
+/* The socket's ZMQ_FD, for an event loop (libevent in radixd's main).  It
+ * signals edge-triggered that the socket's state MAY have changed: on each
+ * wake-up, receive with timeout 0 until RX_ETIMEDOUT.  -1 on error. */
+int rx_ipc_sock_fd (rx_ipc_sock_t *sock);
+
 /* timeout_ms: -1 = block, 0 = do not wait, > 0 = at most that long. */
 
 /* Encode m and send it as one ZMQ message (the encoded buffer is handed to
