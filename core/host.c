@@ -126,6 +126,21 @@ static void s_metric_set (const struct rx_host *h, int handle, double v)
     rx_metrics_set (handle, v);
 }
 
+static void (*s_progress_fn) (void *);
+static void *s_progress_arg;
+
+void rx_host_set_progress_hook (void (*fn) (void *), void *arg)
+{
+    s_progress_fn = fn;
+    s_progress_arg = arg;
+}
+
+static void s_progress (const struct rx_host *h)
+{
+    (void) h;
+    if (s_progress_fn) s_progress_fn (s_progress_arg);
+}
+
 void rx_host_bind (struct rx_host_binding *b, const char *name, const char *section,
                    const rx_conf_t *conf, const struct rx_cfg_key *keys)
 {
@@ -154,5 +169,6 @@ void rx_host_bind (struct rx_host_binding *b, const char *name, const char *sect
         .metric_register = s_metric_register,
         .metric_add = s_metric_add,
         .metric_set = s_metric_set,
+        .progress = s_progress,
     };
 }

@@ -24,4 +24,8 @@ struct rx_host_binding {
 void rx_host_bind (struct rx_host_binding *b, const char *name, const char *section,
                    const rx_conf_t *conf, const struct rx_cfg_key *keys);
 
+/* What host->progress calls in this process (one hook per process: the
+ * scheduler process points it at its heartbeat).  NULL: nothing. */
+void rx_host_set_progress_hook (void (*fn) (void *), void *arg);
+
 #endif

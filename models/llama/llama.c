@@ -642,6 +642,8 @@ static int s_forward (void *p, const struct rx_model_batch *b, struct rx_err *er
         LL_TRY (K->matmul (be, st, L->w_up, -1, m->h, E, m->up, F, nn, 0, err));
         LL_TRY (K->swiglu (be, st, m->gate, F, m->up, F, m->gate, F, nn, F, err));
         LL_TRY (K->matmul (be, st, L->w_down, -1, m->gate, F, m->x, E, nn, RX_MM_ACCUMULATE, err));
+        /* A long prefill is busy, not hung: tell radixd's watchdog. */
+        if (RX_HAS (struct rx_host, m->host, progress)) m->host->progress (m->host);
     }
     if (b->n_out == 0) return RX_OK;
 

@@ -74,7 +74,17 @@ struct rx_host {
     void (*metric_add) (const struct rx_host *h, int handle, double v);
     void (*metric_set) (const struct rx_host *h, int handle, double v);
 
-    /* ---- ABI 1.0 ends here.  Append only below. ---- */
+    /* ---- ABI 1.1 ---- */
+
+    /* Long-running calls (a model's forward pass over many layers) call this
+     * between units of work, e.g. after each layer: radixd's scheduler bumps
+     * its liveness heartbeat, so a long prefill reads as busy, never as
+     * hung.  Cheap (an atomic store and a clock read), never blocks, safe to
+     * call from the thread that called the plugin.  A 1.0 core lacks it:
+     * test RX_HAS (struct rx_host, h, progress) first. */
+    void (*progress) (const struct rx_host *h);
+
+    /* ---- ABI 1.1 ends here.  Append only below. ---- */
 };
 
 /* Log through the host if it has a logger (a convenience for plugins). */
