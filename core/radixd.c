@@ -1,4 +1,5 @@
-/* core/radixd.c -- the radixd daemon's entry point: options, then boot. */
+/* core/radixd.c -- the radixd daemon's entry point: options, boot, then the
+ * main process (core/server.c), which forks the scheduler and detokenizer. */
 #include "config.h"
 
 #include <getopt.h>
@@ -9,6 +10,7 @@
 #include "boot.h"
 #include "log.h"
 #include "plugininfo.h"
+#include "server.h"
 #include "settings.h"
 
 static void s_usage (FILE *f)
@@ -92,11 +94,7 @@ int main (int argc, char **argv)
     } else if (check_config) {
         printf ("%s: configuration OK\n", config);
     } else {
-        /* The serving milestone replaces this with the HTTP front end,
-         * scheduler and detokenizer processes. */
-        rx_info ("configuration %s is valid; this build has no HTTP server yet "
-                 "(the serving milestone adds it)", config);
-        rx_print_plugin_list (stdout, b.loader);
+        rc = rx_server_main (&b);
     }
     rx_boot_close (&b);
     return rc;

@@ -80,7 +80,39 @@ static const struct rx_cfg_key s_scheduler[] = {
     { NULL, 0, NULL, NULL, 0, 0, NULL }
 };
 
+static const struct rx_cfg_key s_server[] = {
+    { "host", RX_CFG_STRING, "127.0.0.1",
+      "address the HTTP server binds (0.0.0.0 or :: to listen on every interface)", 0, 0, NULL },
+    { "port", RX_CFG_INT, "30000", "HTTP port; 0 = any free port (the ready line names it)",
+      0, 65535, NULL },
+    { "api_key", RX_CFG_STRING, NULL,
+      "when set, every request except /health needs \"Authorization: Bearer <key>\"", 0, 0, NULL },
+    { "served_model_name", RX_CFG_STRING, NULL,
+      "the model name clients use; unset = the GGUF file name without .gguf", 0, 0, NULL },
+    { "max_body_size", RX_CFG_SIZE, "8MiB", "largest request body; larger ones get HTTP 413",
+      1024, (double) (1ull << 30), NULL },
+    { "cors_allow_origins", RX_CFG_STRING, NULL,
+      "comma-separated origins allowed by CORS (or *); unset = no CORS headers", 0, 0, NULL },
+    { "default_max_tokens", RX_CFG_INT, "0",
+      "max_tokens of a request that names none; 0 = the room left in the context", 0, 1 << 30, NULL },
+    { "max_tokens_cap", RX_CFG_INT, "0", "upper bound for any max_tokens; 0 = none", 0, 1 << 30,
+      NULL },
+    { "truncate_prompts", RX_CFG_BOOL, "false",
+      "keep the last context-1 tokens of an over-long prompt instead of answering 400", 0, 0, NULL },
+    { "chat_template", RX_CFG_STRING, "auto",
+      "chat template family: auto (from the GGUF), chatml, llama2, llama3, mistral, deepseek2, deepseek3, zephyr",
+      0, 0, NULL },
+    { "watchdog_timeout", RX_CFG_DURATION, "300",
+      "a scheduler without progress for this long is declared hung: the daemon exits non-zero",
+      1, 86400, NULL },
+    { "shutdown_timeout", RX_CFG_DURATION, "30",
+      "on SIGTERM, in-flight requests get this long to finish before they are aborted", 0, 86400,
+      NULL },
+    { NULL, 0, NULL, NULL, 0, 0, NULL }
+};
+
 static const struct rx_conf_section s_schema[] = {
+    { "server", "the HTTP server of radixd", s_server, 0 },
     { "log", "logging", s_log, 0 },
     { "plugins", "where plugins are found", s_plugins, 0 },
     { "kernels", "compute kernels; [kernels.<backend>] configures one backend", s_kernels,
