@@ -35,6 +35,7 @@ struct s_proc {
     uint32_t n_vocab;
     uint64_t stats_ns;          /* periodic STATS interval */
     uint64_t next_stats_ns;
+    uint64_t arrival_wait_ns;   /* [scheduler] arrival_wait */
     int draining;               /* a SHUTDOWN DRAIN came */
     uint64_t drain_deadline_ns; /* 0 = none */
     int stop_now;               /* a SHUTDOWN NOW came (or the drain is over) */
@@ -272,13 +273,43 @@ static int s_start (struct s_proc *p, const struct rx_sched_proc_opts *o)
     int ms = o->stats_interval_ms > 0 ? o->stats_interval_ms : 1000;
     p->stats_ns = (uint64_t) ms * 1000000ull;
     p->next_stats_ns = s_now_ns () + p->stats_ns;
+    p->arrival_wait_ns = (uint64_t) (rx_conf_float (p->boot->conf, "scheduler", "arrival_wait", 0.005) * 1e9);
+    return 0;
+}
+
+/* Take up to S_MAX_MSGS messages: the first waits wait_ms, the others
+ * none -- or, with until_ns, every one waits until that time.  Returns 1
+ * when the process must exit (a peer is gone), else 0. */
+static int s_receive (struct s_proc *p, int wait_ms, uint64_t until_ns)
+{
+    struct rx_err err = { 0 };
+    for (int k = 0; k < S_MAX_MSGS && !p->stop_now; k++) {
+        int ms = k == 0 ? wait_ms : 0;
+        if (until_ns) {
+            uint64_t t = s_now_ns ();
+            if (t >= until_ns) break;
+            ms = (int) ((until_ns - t + 999999ull) / 1000000ull);
+        }
+        struct rx_ipc_msg m;
+        int rc = rx_ipc_recv (p->in, &m, ms, &err);
+        if (rc == RX_ETIMEDOUT) break;
+        if (rc == RX_EFORMAT) {
+            rx_log (RX_LOG_WARN, "scheduler: dropped a message from main: %s", err.msg);
+            continue;
+        }
+        if (rc != RX_OK) {
+            rx_log (RX_LOG_ERROR, "scheduler: cannot receive: %s", err.msg);
+            return 1;
+        }
+        s_handle (p, &m);
+        if (p->lost) return 1;
+    }
     return 0;
 }
 
 /* The serving loop; returns when a SHUTDOWN says so (0) or a peer is gone (1). */
 static int s_loop (struct s_proc *p)
 {
-    struct rx_err err = { 0 };
     int stalled = 0;   /* the last step had work but ran nothing */
     for (;;) {
         uint64_t now = s_now_ns ();
@@ -290,22 +321,17 @@ static int s_loop (struct s_proc *p)
             uint64_t left = p->next_stats_ns > now ? (p->next_stats_ns - now) / 1000000ull : 0;
             wait = left < (uint64_t) most ? (int) left : most;
         }
-        for (int k = 0; k < S_MAX_MSGS && !p->stop_now; k++) {
-            struct rx_ipc_msg m;
-            int rc = rx_ipc_recv (p->in, &m, k == 0 ? wait : 0, &err);
-            if (rc == RX_ETIMEDOUT) break;
-            if (rc == RX_EFORMAT) {
-                rx_log (RX_LOG_WARN, "scheduler: dropped a message from main: %s", err.msg);
-                continue;
-            }
-            if (rc != RX_OK) {
-                rx_log (RX_LOG_ERROR, "scheduler: cannot receive: %s", err.msg);
-                return 1;
-            }
-            s_handle (p, &m);
-            if (p->lost) return 1;
-        }
+        int was_idle = rx_sched_idle (p->sched);
+        if (s_receive (p, wait, 0)) return 1;
         if (p->stop_now) return 0;
+        /* Work arrived at an idle scheduler: give the rest of a burst
+         * [scheduler] arrival_wait to arrive, so one prefill batch takes it
+         * (else the first request is prefilled alone and the others wait a
+         * whole step for theirs). */
+        if (was_idle && p->arrival_wait_ns && !rx_sched_idle (p->sched)) {
+            if (s_receive (p, -1, s_now_ns () + p->arrival_wait_ns)) return 1;
+            if (p->stop_now) return 0;
+        }
 
         now = s_now_ns ();
         if (p->draining && p->drain_deadline_ns && now >= p->drain_deadline_ns

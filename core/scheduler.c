@@ -803,6 +803,27 @@ static int s_admit (rx_sched_t *s, struct s_req *r, uint32_t extend)
 }
 
 /* SGLang's get_new_batch_prefill + PrefillAdder.  Fills s->batch. */
+/* In-batch prefix sharing (SGLang's in-batch prefix caching): r's
+ * uncached part begins with at least S_IN_BATCH_SHARE tokens that a request
+ * already in this prefill batch is computing from the same cache match.
+ * Prefilling both would compute those tokens twice; deferring r one step
+ * lets it hit them in the cache (the batch member inserts its prefix when
+ * its prefill ends).  This is what keeps a burst of requests with a new
+ * common system prompt from computing the prompt once per request. */
+#define S_IN_BATCH_SHARE 32
+static int s_shares_with_batch (const rx_sched_t *s, const struct s_req *r)
+{
+    for (size_t b = 0; b < s->batch.n; b++) {
+        const struct s_req *o = s->batch.v[b];
+        if (o->match_len != r->match_len || o->n_kv > r->match_len) continue;
+        uint32_t m = r->match_len, n = 0;
+        uint32_t lim = (r->len < o->len ? r->len : o->len) - m;
+        while (n < lim && n < S_IN_BATCH_SHARE && r->toks[m + n] == o->toks[m + n]) n++;
+        if (n >= S_IN_BATCH_SHARE) return 1;
+    }
+    return 0;
+}
+
 static int s_form_prefill (rx_sched_t *s, struct rx_err *err)
 {
     s->batch.n = 0;
@@ -847,6 +868,10 @@ static int s_form_prefill (rx_sched_t *s, struct rx_err *err)
     while (i < s->waiting.n) {
         if (n_run + n_new >= s->o.max_running_requests) break;
         struct s_req *r = s->waiting.v[i];
+        if (s->o.radix_cache && s_shares_with_batch (s, r)) {
+            i++;
+            continue;
+        }
         int64_t ext = (int64_t) r->len - r->match_len;
         int64_t total = ext + s_reserve_new (r);
         double rem_total = (double) s_room (s) - offset;

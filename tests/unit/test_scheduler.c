@@ -398,6 +398,53 @@ static void s_shared_prefix (uint32_t page_size)
 Test (scheduler, shared_prefixes_hit_the_cache_and_give_the_same_tokens) { s_shared_prefix (1); }
 Test (scheduler, shared_prefixes_with_pages_of_4) { s_shared_prefix (4); }
 
+/* A burst of requests with one new 64-token system prompt: the first step
+ * prefills only one of them (the others would compute the same 64 tokens);
+ * the next step prefills the rest from the cache, and every output equals
+ * the request run alone. */
+Test (scheduler, a_burst_with_a_new_common_prefix_computes_it_once)
+{
+    struct env e;
+    s_env_open (&e);
+    struct work *w = calloc (1, sizeof *w);
+    s_lcg = 21;
+    w->n = 4;
+    int32_t sys[64];
+    for (int k = 0; k < 64; k++) sys[k] = s_rand_tok ();
+    for (int i = 0; i < w->n; i++) {
+        /* prompt = the common 64 tokens ++ request i's own 16 */
+        memcpy (w->prompt[i], sys, sizeof sys);
+        for (int k = 64; k < 80; k++) w->prompt[i][k] = s_rand_tok ();
+        w->n_prompt[i] = 80;
+        w->max_tokens[i] = 4;
+        s_reference (&e, w->prompt[i], 80, 4, NULL, w->ref[i], NULL);
+    }
+    struct rx_sched_opts o = s_opts (&e, "fcfs");
+    rx_sched_t *s = s_sched (&e, &o);
+    struct run *run = calloc (1, sizeof *run);
+    for (int i = 0; i < w->n; i++) s_submit (s, 100 + (uint64_t) i, w->prompt[i], 80, 4, NULL);
+    struct rx_sched_out out;
+    struct rx_err err = { 0 };
+    cr_assert_eq (rx_sched_step (s, &out, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (out.kind, RX_SCHED_PREFILL);
+    cr_assert_eq (out.n_seq, 1, "the first prefill takes one request of the burst, not %d", out.n_seq);
+    cr_assert_eq (out.n_tokens, 80);
+    s_collect (run, &out);
+    cr_assert_eq (rx_sched_step (s, &out, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (out.kind, RX_SCHED_PREFILL);
+    cr_assert_eq (out.n_seq, 3, "the rest come together");
+    cr_assert_eq (out.n_tokens, 3 * 16, "... and compute only their own 16 tokens each");
+    s_collect (run, &out);
+    s_drain (s, run, 200);
+    s_check_work (w, run, "burst with a common prefix");
+    for (int i = 1; i < w->n; i++)
+        cr_assert_geq (s_res (run, 100 + (uint64_t) i, 0)->cached, 64, "request %d", i);
+    free (run);
+    free (w);
+    rx_sched_destroy (&s);
+    s_env_close (&e);
+}
+
 Test (scheduler, chunked_prefill_gives_the_same_tokens_as_unchunked)
 {
     struct env e;
