@@ -23,7 +23,8 @@ check "radix-plugin has no Libs" sh -c '[ -z "$(pkg-config --libs radix-plugin)"
 check "skeleton builds against installed headers" make -C "$work" sched-skeleton.so
 mkdir -p "$work/plugins" && cp "$work/sched-skeleton.so" "$work/plugins/"
 export RADIX_PLUGIN_PATH="$work/plugins"
-check "installed radixd lists it" sh -c "'$prefix/bin/radixd' --list-plugins | grep -E '^scheduler +skeleton +0\.1\.0 +1\.0 '"
+abi=$(pkg-config --modversion radix-plugin)   # the ABI the skeleton was built against
+check "installed radixd lists it" sh -c "'$prefix/bin/radixd' --list-plugins | grep -E '^scheduler +skeleton +0\.1\.0 +$abi '"
 check "installed radixd lists installed plugins" sh -c "'$prefix/bin/radixd' --list-plugins | grep -E '^scheduler +fcfs .*$prefix/lib/radix/plugins/sched-fcfs.so'"
 check "--help-plugin shows its keys" sh -c "'$prefix/bin/radixd' --help-plugin skeleton | grep -q 'long_first'"
 cat > "$work/ok.ini" <<INI
