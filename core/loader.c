@@ -16,6 +16,7 @@
 #include <radix/kernel.h>
 #include <radix/model.h>
 #include <radix/policy.h>
+#include <radix/route.h>
 
 #include "host.h"
 #include "loader.h"
@@ -60,7 +61,8 @@ static const struct kind_info s_kinds[RX_KIND_COUNT_] = {
     [RX_KIND_EPLB]         = { "eplb",      "eplb",    "EPLB algorithm",     sizeof (uint32_t) },
     [RX_KIND_SCHED_POLICY] = { "scheduler", "sched",   "schedule policy",
                                RX_SCHED_POLICY_OPS_SIZE_1_0 },
-    [RX_KIND_ROUTE_POLICY] = { "router",    "route",   "route policy",       sizeof (uint32_t) },
+    [RX_KIND_ROUTE_POLICY] = { "router",    "route",   "route policy",
+                               RX_ROUTE_POLICY_OPS_SIZE_1_1 },
     [RX_KIND_MODEL]        = { "model",     "model",   "model architecture",
                                RX_MODEL_OPS_SIZE_1_0 },
 };
@@ -212,6 +214,9 @@ static const char *s_missing_required (int kind, const void *ops)
     switch (kind) {
     case RX_KIND_SCHED_POLICY:
         RX_REQ (struct rx_sched_policy_ops, prioritize);
+        break;
+    case RX_KIND_ROUTE_POLICY:
+        RX_REQ (struct rx_route_policy_ops, pick);
         break;
     case RX_KIND_KERNELS:
         RX_REQ (struct rx_kernels_ops, create);
