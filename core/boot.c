@@ -58,6 +58,13 @@ static char *s_resolve_dirs (const char *list, const char *conf_path)
 
 int rx_boot_open (struct rx_boot *b, const char *path, int flags, struct rx_err *err)
 {
+    return rx_boot_open_schema (b, path, flags, rx_settings_schema (), rx_settings_plugin_refs (), err);
+}
+
+int rx_boot_open_schema (struct rx_boot *b, const char *path, int flags,
+                         const struct rx_conf_section *schema, const struct rx_plugin_ref *refs,
+                         struct rx_err *err)
+{
     memset (b, 0, sizeof *b);
     b->conf = path ? rx_conf_parse_file (path, err) : rx_conf_new_empty ("(defaults)");
     if (!b->conf) {
@@ -72,9 +79,9 @@ int rx_boot_open (struct rx_boot *b, const char *path, int flags, struct rx_err 
         rx_boot_close (b);
         return RX_ENOMEM;
     }
-    int rc = rx_conf_validate (b->conf, rx_settings_schema (), s_plugin_keys, b->loader, err);
-    for (const struct rx_plugin_ref *r = rx_settings_plugin_refs ();
-         rc == RX_OK && (flags & RX_BOOT_CHECK_REFS) && r->section; r++) {
+    int rc = rx_conf_validate (b->conf, schema, s_plugin_keys, b->loader, err);
+    for (const struct rx_plugin_ref *r = refs;
+         rc == RX_OK && r && (flags & RX_BOOT_CHECK_REFS) && r->section; r++) {
         const char *name = rx_conf_str (b->conf, r->section, r->key, NULL);
         if (!name) continue;
         rx_plugin_t *p;

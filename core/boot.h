@@ -24,6 +24,13 @@ enum {
  * (--list-plugins, --help-plugin) pass flags 0, so that a config naming a
  * missing plugin can still be inspected. */
 int  rx_boot_open (struct rx_boot *b, const char *path, int flags, struct rx_err *err);
+/* As rx_boot_open with another daemon's schema (radix-router's
+ * router/settings.c) and its plugin-naming keys (terminated by an entry with
+ * section NULL; NULL = none).  Both must outlive b. */
+struct rx_plugin_ref;
+int  rx_boot_open_schema (struct rx_boot *b, const char *path, int flags,
+                          const struct rx_conf_section *schema, const struct rx_plugin_ref *refs,
+                          struct rx_err *err);
 void rx_boot_close (struct rx_boot *b);
 
 /* Load the plugin a core key names (e.g. "kernels", "backend") and run its
