@@ -1611,8 +1611,12 @@ int rx_server_main (struct rx_boot *boot)
         rx_error ("cannot set up signal handling");
         goto out;
     }
-    if (!(s->ipc = rx_ipc_create ("radixd", &err)) ||
-        !(s->in = rx_ipc_bind (s->ipc, RX_IPC_PULL, RX_SOCK_MAIN, &err))) {
+    /* Fork while this process has one thread: ZMQ starts its I/O threads
+     * with the first socket, so the children are forked after the run
+     * directory exists but before main binds its socket (they connect to
+     * it and ZMQ retries until it is there).  A fork from a multithreaded
+     * process can leave a lock held forever in the child. */
+    if (!(s->ipc = rx_ipc_create ("radixd", &err))) {
         rx_error ("%s", err.msg);
         goto out;
     }
@@ -1622,6 +1626,10 @@ int rx_server_main (struct rx_boot *boot)
         rx_error ("%s", err.msg);
         if (s->detok_pid < 0) s->detok_pid = 0;
         if (s->sched_pid < 0) s->sched_pid = 0;
+        goto out;
+    }
+    if (!(s->in = rx_ipc_bind (s->ipc, RX_IPC_PULL, RX_SOCK_MAIN, &err))) {
+        rx_error ("%s", err.msg);
         goto out;
     }
     rx_info ("started the scheduler (pid %d) and the detokenizer (pid %d); run directory %s",

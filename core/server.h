@@ -14,8 +14,9 @@
  * and answered from the TEXT deltas the detokenizer sends back.
  *
  * Start-up: open the GGUF for the tokenizer and chat template, create the
- * private run directory, bind main's PULL socket, fork the detokenizer and
- * the scheduler (core/supervisor.h), wait for the scheduler's first STATS
+ * private run directory, fork the detokenizer and the scheduler
+ * (core/supervisor.h) while main still has one thread, bind main's PULL
+ * socket (ZMQ's threads start here), wait for the scheduler's first STATS
  * (model loaded, KV reserved), then bind the HTTP socket and log
  * "ready on http://HOST:PORT".
  *

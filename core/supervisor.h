@@ -2,8 +2,10 @@
  * function, and say in words how one ended.
  *
  * The parent (radixd's main process) forks its children right after boot,
- * before it creates anything a child must not inherit (the kernel thread
- * pool, the HTTP listener): a child runs its body on a copy of the booted
+ * while it still has a single thread and before it creates anything a child
+ * must not inherit (ZMQ's I/O threads, which start with the first socket;
+ * the kernel thread pool; the HTTP listener): a child runs its body on a
+ * copy of the booted
  * configuration and loaded plugins, and opens its own ZMQ context
  * (rx_ipc_join).  Each child:
  *   - dies with its parent (PR_SET_PDEATHSIG SIGKILL), so a killed main

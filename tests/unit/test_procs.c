@@ -65,8 +65,11 @@ static uint64_t s_ms (void)
     return (uint64_t) ts.tv_sec * 1000 + (uint64_t) ts.tv_nsec / 1000000;
 }
 
-/* Write the INI (model NULL: tiny-llama), boot it, create the run dir and
- * bind main's PULL -- what radixd's main does before forking. */
+/* Write the INI (model NULL: tiny-llama), boot it, create the run dir --
+ * what radixd's main does before forking.  main's PULL is bound after the
+ * forks (s_bind_main), as radixd does: ZMQ starts its threads with the
+ * first socket, and a fork from a multithreaded process can leave a lock
+ * held forever in the child (it does under ASan). */
 static void s_setup (struct fx *f, const char *model, const char *kv_memory, const char *sched_keys)
 {
     memset (f, 0, sizeof *f);
@@ -87,6 +90,13 @@ static void s_setup (struct fx *f, const char *model, const char *kv_memory, con
     f->ipc = rx_ipc_create ("radix-test-procs", &err);
     cr_assert_not_null (f->ipc, "%s", err.msg);
     snprintf (f->run_dir, sizeof f->run_dir, "%s", rx_ipc_run_dir (f->ipc));
+}
+
+/* main's PULL socket; the children connect to it and ZMQ retries until it
+ * exists. */
+static void s_bind_main (struct fx *f)
+{
+    struct rx_err err = { 0 };
     f->from = rx_ipc_bind (f->ipc, RX_IPC_PULL, RX_SOCK_MAIN, &err);
     cr_assert_not_null (f->from, "%s", err.msg);
 }
@@ -122,6 +132,7 @@ static void s_spawn (struct fx *f)
     struct rx_err err = { 0 };
     f->sched = s_fork (f, 0);
     f->detok = s_fork (f, 1);
+    s_bind_main (f);
     f->to_sched = rx_ipc_connect (f->ipc, RX_IPC_PUSH, RX_SOCK_SCHED, &err);
     cr_assert_not_null (f->to_sched, "%s", err.msg);
 }
@@ -1040,6 +1051,7 @@ Test (procs, detokenizer_rules)
     f.tok = rx_tokenizer_open (f.model, &err);
     cr_assert_not_null (f.tok, "%s", err.msg);
     f.detok = s_fork (&f, 1);
+    s_bind_main (&f);
     f.to_detok = rx_ipc_connect (f.ipc, RX_IPC_PUSH, RX_SOCK_DETOK, &err);
     cr_assert_not_null (f.to_detok, "%s", err.msg);
     int32_t ids[64];
