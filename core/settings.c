@@ -3,14 +3,14 @@
 
 #include "settings.h"
 
-static const struct rx_cfg_key s_log[] = {
+const struct rx_cfg_key rx_settings_log_keys[] = {
     { "level", RX_CFG_ENUM, "info", "least severe level written", 0, 0,
       "error|warn|info|debug|trace" },
     { "file", RX_CFG_PATH, "-", "append log lines to this file; - is stderr", 0, 0, NULL },
     { NULL, 0, NULL, NULL, 0, 0, NULL }
 };
 
-static const struct rx_cfg_key s_plugins[] = {
+const struct rx_cfg_key rx_settings_plugins_keys[] = {
     { "path", RX_CFG_STRING, NULL,
       "colon-separated plugin directories searched before $RADIX_PLUGIN_PATH and the install dir",
       0, 0, NULL },
@@ -116,8 +116,8 @@ static const struct rx_cfg_key s_server[] = {
 
 static const struct rx_conf_section s_schema[] = {
     { "server", "the HTTP server of radixd", s_server, 0 },
-    { "log", "logging", s_log, 0 },
-    { "plugins", "where plugins are found", s_plugins, 0 },
+    { "log", "logging", rx_settings_log_keys, 0 },
+    { "plugins", "where plugins are found", rx_settings_plugins_keys, 0 },
     { "kernels", "compute kernels; [kernels.<backend>] configures one backend", s_kernels,
       RX_KIND_KERNELS },
     { "model", "the model; [model.<plugin>] configures one model plugin", s_model, RX_KIND_MODEL },

@@ -12,6 +12,11 @@
 /* The core schema, terminated by an entry with name NULL. */
 const struct rx_conf_section *rx_settings_schema (void);
 
+/* The [log] and [plugins] key tables, shared with radix-router's schema
+ * (router/router_settings.c), so both daemons read them the same way. */
+extern const struct rx_cfg_key rx_settings_log_keys[];
+extern const struct rx_cfg_key rx_settings_plugins_keys[];
+
 /* A core key whose value names a plugin, e.g. [kernels] backend = cpu. */
 struct rx_plugin_ref {
     const char *section;

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "router_settings.h"
+#include "settings.h"
 
 static const struct rx_cfg_key s_server[] = {
     { "host", RX_CFG_STRING, "127.0.0.1",
@@ -63,26 +64,12 @@ static const struct rx_cfg_key s_router[] = {
     { NULL, 0, NULL, NULL, 0, 0, NULL }
 };
 
-static const struct rx_cfg_key s_log[] = {
-    { "level", RX_CFG_ENUM, "info", "least severe level written", 0, 0,
-      "error|warn|info|debug|trace" },
-    { "file", RX_CFG_PATH, "-", "append log lines to this file; - is stderr", 0, 0, NULL },
-    { NULL, 0, NULL, NULL, 0, 0, NULL }
-};
-
-static const struct rx_cfg_key s_plugins[] = {
-    { "path", RX_CFG_STRING, NULL,
-      "colon-separated plugin directories searched before $RADIX_PLUGIN_PATH and the install dir",
-      0, 0, NULL },
-    { NULL, 0, NULL, NULL, 0, 0, NULL }
-};
-
 static const struct rx_conf_section s_schema[] = {
     { "server", "the router's own HTTP server", s_server, 0 },
     { "router", "workers, limits, retries, health checks, breakers; [router.<policy>] configures one policy",
       s_router, RX_KIND_ROUTE_POLICY },
-    { "log", "logging", s_log, 0 },
-    { "plugins", "where plugins are found", s_plugins, 0 },
+    { "log", "logging", rx_settings_log_keys, 0 },
+    { "plugins", "where plugins are found", rx_settings_plugins_keys, 0 },
     { NULL, NULL, NULL, 0 }
 };
 
