@@ -18,8 +18,8 @@
 
 /* ---- errors ----------------------------------------------------------- */
 
-int rx_api_error_set (struct rx_api_error *e, int status, const char *code, const char *param,
-                      const char *fmt, ...)
+int rx_api_error_vset (struct rx_api_error *e, int status, const char *code, const char *param,
+                       const char *fmt, va_list ap)
 {
     int rc = status >= 500 ? RX_EINTERNAL : RX_EINVAL;
     if (!e) return rc;
@@ -27,9 +27,16 @@ int rx_api_error_set (struct rx_api_error *e, int status, const char *code, cons
     e->type = status >= 500 ? "server_error" : "invalid_request_error";
     e->code = code;
     snprintf (e->param, sizeof e->param, "%s", param ? param : "");
+    vsnprintf (e->message, sizeof e->message, fmt, ap);
+    return rc;
+}
+
+int rx_api_error_set (struct rx_api_error *e, int status, const char *code, const char *param,
+                      const char *fmt, ...)
+{
     va_list ap;
     va_start (ap, fmt);
-    vsnprintf (e->message, sizeof e->message, fmt, ap);
+    int rc = rx_api_error_vset (e, status, code, param, fmt, ap);
     va_end (ap);
     return rc;
 }

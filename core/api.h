@@ -68,6 +68,7 @@
 #ifndef RX_API_H
 #define RX_API_H
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -106,6 +107,9 @@ __attribute__ ((format (printf, 5, 6)))
 #endif
 int rx_api_error_set (struct rx_api_error *e, int status, const char *code, const char *param,
                       const char *fmt, ...);
+/* The same with a va_list (for the servers' own printf-like reply helpers). */
+int rx_api_error_vset (struct rx_api_error *e, int status, const char *code, const char *param,
+                       const char *fmt, va_list ap);
 
 /* {"error": {"message", "type", "param", "code"}}.  RX_ENOMEM only. */
 int rx_api_error_json (const struct rx_api_error *e, char **json);

@@ -202,12 +202,10 @@ static void s_reply_error (struct evhttp_request *req, int status, const char *c
                            const char *param, const char *fmt, ...)
 {
     struct rx_api_error e;
-    char msg[RX_API_MSG_MAX];
     va_list ap;
     va_start (ap, fmt);
-    vsnprintf (msg, sizeof msg, fmt, ap);
+    rx_api_error_vset (&e, status, code, param, fmt, ap);
     va_end (ap);
-    rx_api_error_set (&e, status, code, param, "%s", msg);
     s_reply_api_error (req, &e);
 }
 

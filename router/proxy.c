@@ -210,12 +210,10 @@ static void s_reply_error (rx_proxy_t *px, struct evhttp_request *req, int statu
                            const char *param, const char *fmt, ...)
 {
     struct rx_api_error e;
-    char msg[RX_API_MSG_MAX];
     va_list ap;
     va_start (ap, fmt);
-    vsnprintf (msg, sizeof msg, fmt, ap);
+    rx_api_error_vset (&e, status, code, param, fmt, ap);
     va_end (ap);
-    rx_api_error_set (&e, status, code, param, "%s", msg);
     s_reply_api_error (px, req, &e);
 }
 
@@ -495,6 +493,22 @@ static void s_stream_abort (struct s_req *p, const char *why)
     s_finish (p, 502);
 }
 
+/* End p with an error of our own: a stream already going to the client is
+ * ended as above, else the client gets status with an OpenAI-style body. */
+static void s_fail (struct s_req *p, int status, const char *code, const char *why)
+{
+    if (p->headers_sent) {
+        s_stream_abort (p, why);
+        return;
+    }
+    if (p->client) {
+        s_detach_client (p);
+        s_reply_error (p->px, p->client, status, code, NULL, "%s", why);
+        p->client = NULL;
+    }
+    s_finish (p, status);
+}
+
 static int s_on_up_headers (struct evhttp_request *up, void *arg)
 {
     struct s_req *p = arg;
@@ -633,10 +647,7 @@ static void s_attempt (struct s_req *p)
     struct evhttp_request *up = conn ? evhttp_request_new (s_on_up_done, p) : NULL;
     if (!up) {
         if (conn) rx_worker_conn_put (px->ws, w, conn);
-        s_detach_client (p);
-        s_reply_error (px, p->client, 500, "internal_error", NULL, "out of memory");
-        p->client = NULL;
-        s_finish (p, 500);
+        s_fail (p, 500, "internal_error", "out of memory");
         return;
     }
     evhttp_request_set_header_cb (up, s_on_up_headers);
@@ -746,16 +757,7 @@ static void s_on_timeout (evutil_socket_t fd, short what, void *arg)
     snprintf (why, sizeof why, "the request did not finish within %g s ([server] request_timeout)",
               px->s->request_timeout);
     rx_warn ("%s: %s", p->uri ? p->uri : "request", why);
-    if (p->headers_sent) {
-        s_stream_abort (p, why);
-        return;
-    }
-    if (p->client) {
-        s_detach_client (p);
-        s_reply_error (px, p->client, 504, "timeout", NULL, "%s", why);
-        p->client = NULL;
-    }
-    s_finish (p, 504);
+    s_fail (p, 504, "timeout", why);
 }
 
 static void s_on_client_close (struct evhttp_connection *conn, void *arg)
@@ -1297,16 +1299,7 @@ static void s_end_all (rx_proxy_t *px, const char *why)
     while (px->queue_head || px->active) {
         struct s_req *p = px->queue_head ? px->queue_head : px->active;
         s_cancel_attempt (p);
-        if (p->headers_sent) {
-            s_stream_abort (p, why);
-            continue;
-        }
-        if (p->client) {
-            s_detach_client (p);
-            s_reply_error (px, p->client, 503, "shutting_down", NULL, "%s", why);
-            p->client = NULL;
-        }
-        s_finish (p, 503);
+        s_fail (p, 503, "shutting_down", why);
     }
 }
 
