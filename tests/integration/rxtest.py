@@ -530,7 +530,44 @@ def find_number(obj, key_re, path=""):
 # ---- the daemon --------------------------------------------------------
 
 
-class Daemon:
+class LoggedProcess:
+    """What a test daemon with a log file and a "ready" line shares (radixd
+    here, radix-router in tests/router/routertest.py): self.proc (Popen),
+    self.log_path, and `what` naming it in failures."""
+
+    what = "the process"
+
+    def _find_ready(self):
+        try:
+            with open(self.log_path, "rb") as f:
+                for raw in f:
+                    line = raw.decode("utf-8", "replace")
+                    if re.search(r"\bready\b", line):
+                        return line.rstrip("\n")
+        except OSError:
+            pass
+        return None
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def check_alive(self):
+        if not self.alive():
+            raise Fail("%s is not running (exit status %s)" % (self.what, self.proc.poll()))
+
+    def log_text(self):
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def log_tail(self, n=25):
+        lines = self.log_text().splitlines()
+        return "\n".join(lines[-n:]) if lines else "(empty)"
+
+
+class Daemon(LoggedProcess):
     """One radixd process with its own INI and log in a temporary folder.
 
     sections: {"server": {...}, "scheduler": {...}, ...} merged over the
@@ -539,6 +576,7 @@ class Daemon:
     line) or a number."""
 
     READY_RE = re.compile(r"https?://(\[[^\]]*\]|[^\s/:]+):(\d+)")
+    what = "radixd"
 
     def __init__(self, model_name="tiny", sections=None, port="free", name=None):
         self.name = name or model_name
@@ -636,35 +674,6 @@ class Daemon:
         if not wait_until(ok, timeout, 0.05):
             raise Fail("GET /health not 200 within %d s of the ready line: %r" % (timeout, last[0]))
         return self
-
-    def _find_ready(self):
-        try:
-            with open(self.log_path, "rb") as f:
-                for raw in f:
-                    line = raw.decode("utf-8", "replace")
-                    if re.search(r"\bready\b", line):
-                        return line.rstrip("\n")
-        except OSError:
-            pass
-        return None
-
-    def alive(self):
-        return self.proc is not None and self.proc.poll() is None
-
-    def check_alive(self):
-        if not self.alive():
-            raise Fail("radixd is not running (exit status %s)" % self.proc.poll())
-
-    def log_text(self):
-        try:
-            with open(self.log_path, "rb") as f:
-                return f.read().decode("utf-8", "replace")
-        except OSError:
-            return ""
-
-    def log_tail(self, n=25):
-        lines = self.log_text().splitlines()
-        return "\n".join(lines[-n:]) if lines else "(empty)"
 
     def children(self, pid=None):
         """Direct children of pid (default radixd) from /proc."""

@@ -169,7 +169,7 @@ def quote_url(url):
     return urllib.parse.quote(url, safe="")
 
 
-class Router:
+class Router(rxtest.LoggedProcess):
     """One radix-router with its own INI and log in a temporary folder.
 
     workers: URLs (or FakeWorkers) for [router] workers.  sections:
@@ -178,6 +178,7 @@ class Router:
     checks fast (every 100 ms) so that tests do not wait."""
 
     READY_RE = re.compile(r"https?://(\[[^\]]*\]|[^\s/:]+):(\d+)")
+    what = "radix-router"
 
     def __init__(self, workers=(), policy="round_robin", sections=None, name="radix-router"):
         self.name = name
@@ -242,35 +243,6 @@ class Router:
         expect(self.port != 0, "ready line names port 0: %r" % line)
         self.ready_line = line
         return self
-
-    def _find_ready(self):
-        try:
-            with open(self.log_path, "rb") as f:
-                for raw in f:
-                    line = raw.decode("utf-8", "replace")
-                    if re.search(r"\bready\b", line):
-                        return line.rstrip("\n")
-        except OSError:
-            pass
-        return None
-
-    def alive(self):
-        return self.proc is not None and self.proc.poll() is None
-
-    def check_alive(self):
-        if not self.alive():
-            raise Fail("radix-router is not running (exit status %s)" % self.proc.poll())
-
-    def log_text(self):
-        try:
-            with open(self.log_path, "rb") as f:
-                return f.read().decode("utf-8", "replace")
-        except OSError:
-            return ""
-
-    def log_tail(self, n=25):
-        lines = self.log_text().splitlines()
-        return "\n".join(lines[-n:]) if lines else "(empty)"
 
     def stop(self, timeout=15):
         if self.proc is None:
