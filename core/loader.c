@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <radix/attn.h>
+#include <radix/comm.h>
 #include <radix/kernel.h>
 #include <radix/model.h>
 #include <radix/policy.h>
@@ -57,7 +58,8 @@ static const struct kind_info s_kinds[RX_KIND_COUNT_] = {
                                RX_ATTN_OPS_SIZE_1_0 },
     [RX_KIND_LAYOUT]       = { "layout",    "layout",  "parallel layout",    sizeof (uint32_t) },
     [RX_KIND_MOE]          = { "moe",       "moe",     "MoE dispatcher",     sizeof (uint32_t) },
-    [RX_KIND_COMM]         = { "comm",      "comm",    "comm backend",       sizeof (uint32_t) },
+    [RX_KIND_COMM]         = { "comm",      "comm",    "comm backend",
+                               RX_COMM_OPS_SIZE_1_0 },
     [RX_KIND_EPLB]         = { "eplb",      "eplb",    "EPLB algorithm",     sizeof (uint32_t) },
     [RX_KIND_SCHED_POLICY] = { "scheduler", "sched",   "schedule policy",
                                RX_SCHED_POLICY_OPS_SIZE_1_0 },

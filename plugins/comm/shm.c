@@ -1,0 +1,1069 @@
+/* plugins/comm/shm.c -- comm-shm.so: collectives between the CPU ranks of one
+ * host over POSIX shared memory (kind RX_KIND_COMM, name "shm").
+ *
+ * Segment.  Rank 0 creates /dev/shm/radix-<group> (O_EXCL; a stale segment of
+ * a crashed run is unlinked and recreated), the others open it, retrying
+ * until it appears or timeout_s passes.  Once every rank has attached, rank 0
+ * unlinks the name: the memory lives while a mapping does, and nothing is
+ * left in /dev/shm whatever happens to the processes later.  Ranks may be
+ * processes (radixd's scheduler processes) or threads of one process (each
+ * instance maps the segment itself).
+ *
+ * Layout: the header (magic, n_rank, join counter, broken flag + reason),
+ * one 64-byte aligned control block per rank (barrier counter, pid, the
+ * signature of its current operation), then per rank two data buffers of
+ * buffer_size bytes ([comm.shm] buffer_size).  Collectives larger than a
+ * buffer run in chunks ("uses").  Use u writes the buffers of parity u & 1:
+ * a rank that writes them for use u has passed a barrier of use u-1, which
+ * every rank reached only after reading use u-2's data, so one barrier per
+ * use suffices (all_reduce has two: reduce, then gather).
+ *
+ * Synchronisation: a barrier bumps the rank's own 32-bit counter (a futex
+ * word, monotonically increasing; compared by signed difference, so wrapping
+ * is harmless) and waits for every other rank's counter to reach the same
+ * generation: a short spin, then FUTEX_WAIT (shared, not PRIVATE) in slices
+ * of S_SLICE_MS, checking the group's broken flag, the deadline and whether
+ * the awaited peer still exists between slices.
+ *
+ * Determinism.  all_reduce is a reduce-scatter in the buffers (slice c of a
+ * chunk is reduced by rank c, adding ranks 0..n-1 in order, f16/bf16 in float
+ * and rounded once) followed by an all-gather, so every rank copies the very
+ * same bytes: results are bitwise identical on all ranks.
+ *
+ * Overlap: none.  start() runs the operation to completion and wait() only
+ * hands back its status (allowed by comm.h: correct, not concurrent).
+ *
+ * Failure.  A wait past timeout_s, a peer that is gone (pid no longer exists
+ * or is a zombie), a peer that destroyed its instance, a mismatch between the
+ * ranks' operations or a bad argument marks the shared header broken with a
+ * reason and wakes everyone: every rank fails at once, and every later call
+ * fails immediately with the same message.
+ *
+ * Thread-safety: one thread per instance (comm.h). */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <radix/comm.h>
+#include <radix/plugin.h>
+
+#define S_MAGIC      0x4d485358u     /* "XSHM" */
+#define S_VERSION    1u
+#define S_MAX_RANK   64
+#define S_GROUP_MAX  64
+#define S_SLICE_MS   20              /* futex wait slice between liveness checks */
+#define S_SPIN       4000            /* polls before sleeping */
+#define S_BLK        512             /* elements reduced per block (stack accumulator) */
+#define S_DEF_BUF    "8MiB"
+
+/* ---- shared layout ------------------------------------------------------- */
+
+struct s_sig {                        /* what a rank is doing: compared at the first barrier */
+    int32_t  kind, dtype, red, root;
+    uint64_t count, opno;
+};
+
+struct s_rank {
+    _Atomic uint32_t arrive;          /* futex word: last barrier generation entered */
+    _Atomic uint32_t waiters;         /* ranks sleeping on arrive (skip the wake if 0) */
+    _Atomic int32_t  pid;
+    _Atomic uint32_t joined;
+    _Atomic uint32_t left;            /* destroy() was called */
+    uint32_t pad_[11];
+    struct s_sig sig[2];              /* per buffer parity */
+    uint64_t a2a_need[2];             /* all_to_all_v: rounds this rank needs */
+    uint64_t a2a_send[2][S_MAX_RANK]; /* all_to_all_v: my send_counts */
+    uint64_t a2a_recv[2][S_MAX_RANK]; /*   and recv_counts (every rank checks every pair) */
+} __attribute__ ((aligned (64)));
+
+struct s_hdr {
+    _Atomic uint32_t magic;           /* written last by rank 0 */
+    uint32_t version;
+    int32_t  n_rank;
+    int32_t  creator_pid;
+    uint64_t buf_size;
+    uint64_t map_size;
+    uint64_t data_off;
+    _Atomic uint32_t joined;          /* futex word: ranks attached */
+    _Atomic uint32_t broken;          /* 0 healthy, 1 being written, 2 broken */
+    int32_t  broken_code;
+    int32_t  pad_;
+    char     reason[RX_ERR_MSG_MAX];
+} __attribute__ ((aligned (64)));
+
+/* ---- the instance -------------------------------------------------------- */
+
+struct shm {
+    const struct rx_host *host;
+    char group[S_GROUP_MAX + 1];
+    char name[S_GROUP_MAX + 16];      /* "/radix-<group>" */
+    int rank, n;
+    double timeout_s;
+    size_t buf_size;                  /* bytes of one buffer (one parity) */
+    size_t map_size;
+    int fd;
+    unsigned char *map;
+    struct s_hdr *hdr;
+    struct s_rank *ranks;
+    unsigned char *data;
+    int unlinked;
+    uint32_t gen;                     /* my barrier generation */
+    uint64_t use;                     /* buffer uses so far (parity = use & 1) */
+    uint64_t opno;                    /* operations so far (for messages) */
+    const char *opname;
+    int inflight;
+    int broken;
+    int bcode;
+    char bmsg[RX_ERR_MSG_MAX + 96];    /* "comm-shm <group>: <reason>" (cut to rx_err's size) */
+};
+
+struct rx_comm_req {
+    int rc;
+    struct rx_err err;
+};
+
+static const struct rx_cfg_key s_keys[] = {
+    { "buffer_size", RX_CFG_SIZE, S_DEF_BUF,
+      "bytes of each rank's shared buffer; bigger collectives run in chunks of this size",
+      4096, 1073741824.0, NULL },
+    { NULL, 0, NULL, NULL, 0, 0, NULL }
+};
+
+/* ---- small helpers ------------------------------------------------------- */
+
+static double s_now (void)
+{
+    struct timespec ts;
+    clock_gettime (CLOCK_MONOTONIC, &ts);
+    return (double) ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void s_sleep_ms (int ms)
+{
+    struct timespec ts = { ms / 1000, (long) (ms % 1000) * 1000000L };
+    nanosleep (&ts, NULL);
+}
+
+static void s_futex_wait (_Atomic uint32_t *w, uint32_t v, double secs)
+{
+    if (secs <= 0) return;
+    struct timespec ts = { (time_t) secs, (long) ((secs - (double) (time_t) secs) * 1e9) };
+    syscall (SYS_futex, (uint32_t *) w, FUTEX_WAIT, v, &ts, NULL, 0);
+}
+
+static void s_futex_wake (_Atomic uint32_t *w)
+{
+    syscall (SYS_futex, (uint32_t *) w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+static inline void s_relax (void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause ();
+#elif defined(__aarch64__)
+    __asm__ __volatile__ ("yield");
+#endif
+}
+
+/* Is process pid gone (no such process, or a zombie nobody reaped yet)? */
+static int s_pid_gone (int pid)
+{
+    if (pid <= 0 || pid == (int) getpid ()) return 0;
+    if (kill (pid, 0) != 0) return errno == ESRCH;
+    char path[64], buf[256];
+    snprintf (path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen (path, "re");
+    if (!f) return 0;
+    size_t n = fread (buf, 1, sizeof buf - 1, f);
+    fclose (f);
+    buf[n] = '\0';
+    const char *p = strrchr (buf, ')');           /* comm may contain spaces */
+    return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
+}
+
+static inline struct s_rank *s_rk (struct shm *c, int r)
+{
+    return &c->ranks[r];
+}
+
+static inline unsigned char *s_buf (struct shm *c, int r, int par)
+{
+    return c->data + ((size_t) r * 2 + (size_t) par) * c->buf_size;
+}
+
+static const char *s_kind_name (int kind)
+{
+    switch (kind) {
+    case RX_COMM_ALL_REDUCE: return "all_reduce";
+    case RX_COMM_ALL_GATHER: return "all_gather";
+    case RX_COMM_REDUCE_SCATTER: return "reduce_scatter";
+    case RX_COMM_ALL_TO_ALL_V: return "all_to_all_v";
+    case RX_COMM_BROADCAST: return "broadcast";
+    case RX_COMM_BARRIER: return "barrier";
+    default: return "?";
+    }
+}
+
+static const char *s_red_name (int red)
+{
+    switch (red) {
+    case RX_COMM_SUM: return "sum";
+    case RX_COMM_MAX: return "max";
+    case RX_COMM_MIN: return "min";
+    default: return "?";
+    }
+}
+
+/* ---- broken state -------------------------------------------------------- */
+
+static int s_fail (struct shm *c, struct rx_err *err)
+{
+    return rx_err_set (err, c->bcode, "%s", c->bmsg);
+}
+
+/* Adopt the shared reason (someone broke the group). */
+static int s_adopt (struct shm *c, struct rx_err *err)
+{
+    for (int i = 0; i < 100000 && atomic_load (&c->hdr->broken) != 2; i++) s_relax ();
+    c->broken = 1;
+    c->bcode = c->hdr->broken_code ? c->hdr->broken_code : RX_EIO;
+    char reason[RX_ERR_MSG_MAX];
+    memcpy (reason, c->hdr->reason, sizeof reason);
+    reason[sizeof reason - 1] = '\0';
+    snprintf (c->bmsg, sizeof c->bmsg, "comm-shm %s: %s", c->group, reason);
+    return s_fail (c, err);
+}
+
+/* Break the group with a reason (the first reason wins) and wake everyone. */
+#if defined(__GNUC__)
+__attribute__ ((format (printf, 4, 5)))
+#endif
+static int s_break (struct shm *c, struct rx_err *err, int code, const char *fmt, ...)
+{
+    if (c->broken) return s_fail (c, err);
+    uint32_t zero = 0;
+    if (atomic_compare_exchange_strong (&c->hdr->broken, &zero, 1)) {
+        va_list ap;
+        va_start (ap, fmt);
+        vsnprintf (c->hdr->reason, sizeof c->hdr->reason, fmt, ap);
+        va_end (ap);
+        c->hdr->broken_code = code;
+        atomic_store (&c->hdr->broken, 2);
+        for (int r = 0; r < c->n; r++) s_futex_wake (&s_rk (c, r)->arrive);
+        s_futex_wake (&c->hdr->joined);
+    }
+    return s_adopt (c, err);
+}
+
+static inline int s_is_broken (struct shm *c)
+{
+    return atomic_load_explicit (&c->hdr->broken, memory_order_acquire) != 0;
+}
+
+/* ---- barrier ------------------------------------------------------------- */
+
+static inline int s_reached (struct s_rank *p, uint32_t g)
+{
+    return (int32_t) (atomic_load_explicit (&p->arrive, memory_order_acquire) - g) >= 0;
+}
+
+static int s_wait_rank (struct shm *c, int r, uint32_t g, struct rx_err *err)
+{
+    struct s_rank *p = s_rk (c, r);
+    for (int i = 0; i < S_SPIN; i++) {
+        if (s_reached (p, g)) return RX_OK;
+        if (s_is_broken (c)) return s_adopt (c, err);
+        s_relax ();
+    }
+    double t0 = s_now ();
+    double deadline = c->timeout_s > 0 ? t0 + c->timeout_s : 0;
+    for (int yields = 0;; yields++) {
+        if (s_reached (p, g)) return RX_OK;
+        if (s_is_broken (c)) return s_adopt (c, err);
+        if (yields < 8) {                 /* ranks may outnumber cores: let the peer run */
+            sched_yield ();
+            continue;
+        }
+        double now = s_now ();
+        if (deadline && now >= deadline)
+            return s_break (c, err, RX_ETIMEDOUT, "rank %d did not reach %s #%llu within %g s",
+                            r, c->opname, (unsigned long long) c->opno, c->timeout_s);
+        if (atomic_load (&p->left) && !s_reached (p, g))
+            return s_break (c, err, RX_EIO, "rank %d left the group before %s #%llu",
+                            r, c->opname, (unsigned long long) c->opno);
+        int pid = atomic_load (&p->pid);
+        if (s_pid_gone (pid) && !s_reached (p, g))
+            return s_break (c, err, RX_EIO, "rank %d (pid %d) is gone (during %s #%llu)",
+                            r, pid, c->opname, (unsigned long long) c->opno);
+        double slice = S_SLICE_MS / 1000.0;
+        if (deadline && deadline - now < slice) slice = deadline - now;
+        uint32_t v = atomic_load (&p->arrive);
+        if ((int32_t) (v - g) >= 0) return RX_OK;
+        atomic_fetch_add (&p->waiters, 1);
+        s_futex_wait (&p->arrive, v, slice);
+        atomic_fetch_sub (&p->waiters, 1);
+    }
+}
+
+static int s_barrier (struct shm *c, struct rx_err *err)
+{
+    if (s_is_broken (c)) return s_adopt (c, err);
+    uint32_t g = ++c->gen;
+    struct s_rank *me = s_rk (c, c->rank);
+    atomic_store (&me->arrive, g);                 /* seq_cst: pairs with waiters++ */
+    if (atomic_load (&me->waiters)) s_futex_wake (&me->arrive);
+    for (int r = 0; r < c->n; r++) {
+        if (r == c->rank) continue;
+        int rc = s_wait_rank (c, r, g, err);
+        if (rc) return rc;
+    }
+    return RX_OK;
+}
+
+/* The first barrier of an operation: publish my signature in parity par,
+ * pass the barrier, then check that every rank runs the same operation. */
+static int s_sync_first (struct shm *c, int par, const struct rx_comm_op *op, struct rx_err *err)
+{
+    struct s_sig *mine = &s_rk (c, c->rank)->sig[par];
+    mine->kind = op->kind;
+    mine->dtype = op->kind == RX_COMM_BARRIER ? 0 : op->dtype;
+    mine->red = (op->kind == RX_COMM_ALL_REDUCE || op->kind == RX_COMM_REDUCE_SCATTER) ? op->red : 0;
+    mine->root = op->kind == RX_COMM_BROADCAST ? op->root : 0;
+    mine->count = (op->kind == RX_COMM_BARRIER || op->kind == RX_COMM_ALL_TO_ALL_V) ? 0 : op->count;
+    mine->opno = c->opno;
+    int rc = s_barrier (c, err);
+    if (rc) return rc;
+    for (int r = 0; r < c->n; r++) {
+        const struct s_sig *o = &s_rk (c, r)->sig[par];
+        if (o->kind != mine->kind || o->dtype != mine->dtype || o->red != mine->red
+            || o->root != mine->root || o->count != mine->count)
+            return s_break (c, err, RX_EINVAL,
+                            "%s #%llu: rank %d called %s (count %llu, %s, %s, root %d), rank %d %s (count %llu, %s, %s, root %d)",
+                            c->opname, (unsigned long long) c->opno,
+                            r, s_kind_name (o->kind), (unsigned long long) o->count,
+                            rx_dtype_name (o->dtype), s_red_name (o->red), o->root,
+                            c->rank, s_kind_name (mine->kind), (unsigned long long) mine->count,
+                            rx_dtype_name (mine->dtype), s_red_name (mine->red), mine->root);
+    }
+    return RX_OK;
+}
+
+/* ---- reductions ---------------------------------------------------------- */
+
+static inline uint32_t s_f2u (float f) { uint32_t u; memcpy (&u, &f, 4); return u; }
+static inline float s_u2f (uint32_t u) { float f; memcpy (&f, &u, 4); return f; }
+
+/* IEEE half <-> float, round to nearest even (after Maratyszcza's FP16). */
+static inline float s_h2f (uint16_t h)
+{
+    uint32_t w = (uint32_t) h << 16, sign = w & 0x80000000u, two_w = w + w;
+    float norm = s_u2f ((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
+    float den = s_u2f ((two_w >> 17) | (126u << 23)) - 0.5f;
+    return s_u2f (sign | (two_w < (1u << 27) ? s_f2u (den) : s_f2u (norm)));
+}
+
+static inline uint16_t s_f2h (float f)
+{
+    float base = (__builtin_fabsf (f) * 0x1.0p+112f) * 0x1.0p-110f;
+    uint32_t w = s_f2u (f), shl1_w = w + w, sign = w & 0x80000000u;
+    uint32_t bias = shl1_w & 0xFF000000u;
+    if (bias < 0x71000000u) bias = 0x71000000u;
+    base = s_u2f ((bias >> 1) + 0x07800000u) + base;
+    uint32_t bits = s_f2u (base);
+    uint32_t nonsign = ((bits >> 13) & 0x7C00u) + (bits & 0x0FFFu);
+    return (uint16_t) ((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+}
+
+static inline float s_b2f (uint16_t b) { return s_u2f ((uint32_t) b << 16); }
+
+static inline uint16_t s_f2b (float f)
+{
+    uint32_t u = s_f2u (f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t) ((u >> 16) | 0x40);  /* quiet NaN */
+    return (uint16_t) ((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+#define S_ID(x)       (x)
+#define S_SUM(a, b)   ((a) + (b))
+#define S_MAX(a, b)   ((b) > (a) ? (b) : (a))
+#define S_MIN(a, b)   ((b) < (a) ? (b) : (a))
+#define S_SUMU32(a, b) ((int32_t) ((uint32_t) (a) + (uint32_t) (b)))
+#define S_SUMU64(a, b) ((int64_t) ((uint64_t) (a) + (uint64_t) (b)))
+
+/* dst[i] = OP over r = 0..n-1 (in that order) of src[r][i], accumulated in A.
+ * dst may be one of the sources (the accumulator is a stack block). */
+#define S_RED_FN(NAME, T, A, LOAD, STORE, OP)                                   \
+    static void NAME (void *dst, const void *const *src, int n, size_t cnt)     \
+    {                                                                           \
+        A acc[S_BLK];                                                           \
+        for (size_t b = 0; b < cnt; b += S_BLK) {                               \
+            size_t m = cnt - b < S_BLK ? cnt - b : S_BLK;                       \
+            const T *s0 = (const T *) src[0] + b;                               \
+            for (size_t i = 0; i < m; i++) acc[i] = LOAD (s0[i]);               \
+            for (int r = 1; r < n; r++) {                                       \
+                const T *s = (const T *) src[r] + b;                            \
+                for (size_t i = 0; i < m; i++) {                                \
+                    A v = LOAD (s[i]);                                          \
+                    acc[i] = OP (acc[i], v);                                    \
+                }                                                               \
+            }                                                                   \
+            T *d = (T *) dst + b;                                               \
+            for (size_t i = 0; i < m; i++) d[i] = STORE (acc[i]);               \
+        }                                                                       \
+    }
+
+S_RED_FN (s_red_f32_sum, float, float, S_ID, S_ID, S_SUM)
+S_RED_FN (s_red_f32_max, float, float, S_ID, S_ID, S_MAX)
+S_RED_FN (s_red_f32_min, float, float, S_ID, S_ID, S_MIN)
+S_RED_FN (s_red_f16_sum, uint16_t, float, s_h2f, s_f2h, S_SUM)
+S_RED_FN (s_red_f16_max, uint16_t, float, s_h2f, s_f2h, S_MAX)
+S_RED_FN (s_red_f16_min, uint16_t, float, s_h2f, s_f2h, S_MIN)
+S_RED_FN (s_red_bf16_sum, uint16_t, float, s_b2f, s_f2b, S_SUM)
+S_RED_FN (s_red_bf16_max, uint16_t, float, s_b2f, s_f2b, S_MAX)
+S_RED_FN (s_red_bf16_min, uint16_t, float, s_b2f, s_f2b, S_MIN)
+S_RED_FN (s_red_i32_sum, int32_t, int32_t, S_ID, S_ID, S_SUMU32)
+S_RED_FN (s_red_i32_max, int32_t, int32_t, S_ID, S_ID, S_MAX)
+S_RED_FN (s_red_i32_min, int32_t, int32_t, S_ID, S_ID, S_MIN)
+S_RED_FN (s_red_i64_sum, int64_t, int64_t, S_ID, S_ID, S_SUMU64)
+S_RED_FN (s_red_i64_max, int64_t, int64_t, S_ID, S_ID, S_MAX)
+S_RED_FN (s_red_i64_min, int64_t, int64_t, S_ID, S_ID, S_MIN)
+
+typedef void (*s_red_fn) (void *, const void *const *, int, size_t);
+
+static s_red_fn s_red_pick (int dtype, int red)
+{
+    static const s_red_fn t[5][3] = {
+        { s_red_f32_sum, s_red_f32_max, s_red_f32_min },
+        { s_red_f16_sum, s_red_f16_max, s_red_f16_min },
+        { s_red_bf16_sum, s_red_bf16_max, s_red_bf16_min },
+        { s_red_i32_sum, s_red_i32_max, s_red_i32_min },
+        { s_red_i64_sum, s_red_i64_max, s_red_i64_min },
+    };
+    if (red < 0 || red > 2) return NULL;
+    switch (dtype) {
+    case RX_F32: return t[0][red];
+    case RX_F16: return t[1][red];
+    case RX_BF16: return t[2][red];
+    case RX_I32: return t[3][red];
+    case RX_I64: return t[4][red];
+    default: return NULL;
+    }
+}
+
+/* ---- collectives --------------------------------------------------------- */
+
+static inline size_t s_min (size_t a, size_t b) { return a < b ? a : b; }
+
+/* Slice [*lo, *hi) of m elements that rank r reduces (16-element aligned). */
+static inline void s_slice (size_t m, int n, int r, size_t *lo, size_t *hi)
+{
+    size_t per = (m + (size_t) n - 1) / (size_t) n;
+    per = (per + 15) & ~(size_t) 15;
+    *lo = s_min ((size_t) r * per, m);
+    *hi = s_min (*lo + per, m);
+}
+
+static int s_all_reduce (struct shm *c, const struct rx_comm_op *op, size_t elt, struct rx_err *err)
+{
+    s_red_fn fn = s_red_pick (op->dtype, op->red);
+    const unsigned char *send = op->send;
+    unsigned char *recv = op->recv;
+    size_t ch = c->buf_size / elt, off = 0;
+    const void *src[S_MAX_RANK];
+    int first = 1;
+    do {
+        size_t m = s_min (ch, op->count - off);
+        int par = (int) (c->use++ & 1);
+        if (m) memcpy (s_buf (c, c->rank, par), send + off * elt, m * elt);
+        int rc = first ? s_sync_first (c, par, op, err) : s_barrier (c, err);
+        if (rc) return rc;
+        first = 0;
+        size_t lo, hi;
+        s_slice (m, c->n, c->rank, &lo, &hi);
+        if (hi > lo) {
+            for (int r = 0; r < c->n; r++) src[r] = s_buf (c, r, par) + lo * elt;
+            fn (s_buf (c, c->rank, par) + lo * elt, src, c->n, hi - lo);
+        }
+        if ((rc = s_barrier (c, err))) return rc;
+        for (int r = 0; r < c->n; r++) {
+            s_slice (m, c->n, r, &lo, &hi);
+            if (hi > lo) memcpy (recv + (off + lo) * elt, s_buf (c, r, par) + lo * elt, (hi - lo) * elt);
+        }
+        off += m;
+    } while (off < op->count);
+    return RX_OK;
+}
+
+static int s_all_gather (struct shm *c, const struct rx_comm_op *op, size_t elt, struct rx_err *err)
+{
+    const unsigned char *send = op->send;
+    unsigned char *recv = op->recv;
+    size_t ch = c->buf_size / elt, off = 0, cnt = op->count;
+    int in_place = send == recv + (size_t) c->rank * cnt * elt;
+    int first = 1;
+    do {
+        size_t m = s_min (ch, cnt - off);
+        int par = (int) (c->use++ & 1);
+        if (m) memcpy (s_buf (c, c->rank, par), send + off * elt, m * elt);
+        int rc = first ? s_sync_first (c, par, op, err) : s_barrier (c, err);
+        if (rc) return rc;
+        first = 0;
+        for (int r = 0; r < c->n && m; r++) {
+            if (r == c->rank && in_place) continue;
+            memcpy (recv + ((size_t) r * cnt + off) * elt, s_buf (c, r, par), m * elt);
+        }
+        off += m;
+    } while (off < cnt);
+    return RX_OK;
+}
+
+static int s_reduce_scatter (struct shm *c, const struct rx_comm_op *op, size_t elt,
+                             struct rx_err *err)
+{
+    s_red_fn fn = s_red_pick (op->dtype, op->red);
+    const unsigned char *send = op->send;
+    unsigned char *recv = op->recv;
+    size_t cnt = op->count, ch = c->buf_size / ((size_t) c->n * elt), off = 0;
+    const void *src[S_MAX_RANK];
+    int first = 1;
+    do {
+        size_t m = s_min (ch, cnt - off);
+        int par = (int) (c->use++ & 1);
+        unsigned char *mine = s_buf (c, c->rank, par);
+        for (int d = 0; d < c->n && m; d++)
+            memcpy (mine + (size_t) d * ch * elt, send + ((size_t) d * cnt + off) * elt, m * elt);
+        int rc = first ? s_sync_first (c, par, op, err) : s_barrier (c, err);
+        if (rc) return rc;
+        first = 0;
+        if (m) {
+            for (int r = 0; r < c->n; r++) src[r] = s_buf (c, r, par) + (size_t) c->rank * ch * elt;
+            fn (recv + off * elt, src, c->n, m);
+        }
+        off += m;
+    } while (off < cnt);
+    return RX_OK;
+}
+
+static int s_broadcast (struct shm *c, const struct rx_comm_op *op, size_t elt, struct rx_err *err)
+{
+    unsigned char *buf = op->recv;
+    size_t ch = c->buf_size / elt, off = 0;
+    int first = 1;
+    do {
+        size_t m = s_min (ch, op->count - off);
+        int par = (int) (c->use++ & 1);
+        if (c->rank == op->root && m) memcpy (s_buf (c, c->rank, par), buf + off * elt, m * elt);
+        int rc = first ? s_sync_first (c, par, op, err) : s_barrier (c, err);
+        if (rc) return rc;
+        first = 0;
+        if (c->rank != op->root && m) memcpy (buf + off * elt, s_buf (c, op->root, par), m * elt);
+        off += m;
+    } while (off < op->count);
+    return RX_OK;
+}
+
+/* Round k moves bytes [k*S, (k+1)*S) of every (sender, receiver) segment
+ * through slot <receiver> (S bytes) of the sender's buffer.  The number of
+ * rounds is the largest any rank needs, learnt at the first barrier. */
+static int s_all_to_all_v (struct shm *c, const struct rx_comm_op *op, size_t elt,
+                           struct rx_err *err)
+{
+    const unsigned char *send = op->send;
+    unsigned char *recv = op->recv;
+    size_t S = (c->buf_size / (size_t) c->n) & ~(size_t) 63;
+    uint64_t need = 1, rounds = 1;
+    for (int p = 0; p < c->n; p++) {
+        uint64_t k = (op->send_counts[p] * elt + S - 1) / S;
+        if (k > need) need = k;
+    }
+    for (uint64_t k = 0; k < rounds; k++) {
+        int par = (int) (c->use++ & 1);
+        unsigned char *mine = s_buf (c, c->rank, par);
+        for (int p = 0; p < c->n; p++) {
+            size_t len = op->send_counts[p] * elt, lo = k * S;
+            if (lo < len)
+                memcpy (mine + (size_t) p * S, send + op->send_displs[p] * elt + lo, s_min (S, len - lo));
+        }
+        int rc;
+        if (k == 0) {
+            struct s_rank *me = s_rk (c, c->rank);
+            me->a2a_need[par] = need;
+            for (int p = 0; p < c->n; p++) {
+                me->a2a_send[par][p] = op->send_counts[p];
+                me->a2a_recv[par][p] = op->recv_counts[p];
+            }
+            if ((rc = s_sync_first (c, par, op, err))) return rc;
+            /* every rank checks every pair, so all of them fail together */
+            for (int r = 0; r < c->n; r++) {
+                const struct s_rank *o = s_rk (c, r);
+                if (o->a2a_need[par] > rounds) rounds = o->a2a_need[par];
+                for (int p = 0; p < c->n; p++) {
+                    uint64_t sent = o->a2a_send[par][p], want = s_rk (c, p)->a2a_recv[par][r];
+                    if (sent != want)
+                        return s_break (c, err, RX_EINVAL,
+                                        "all_to_all_v #%llu: rank %d sends %llu elements to rank %d, which expects %llu",
+                                        (unsigned long long) c->opno, r, (unsigned long long) sent,
+                                        p, (unsigned long long) want);
+                }
+            }
+        } else if ((rc = s_barrier (c, err))) {
+            return rc;
+        }
+        for (int r = 0; r < c->n; r++) {
+            size_t len = op->recv_counts[r] * elt, lo = k * S;
+            if (lo < len)
+                memcpy (recv + op->recv_displs[r] * elt + lo,
+                        s_buf (c, r, par) + (size_t) c->rank * S, s_min (S, len - lo));
+        }
+    }
+    return RX_OK;
+}
+
+/* Validate op (breaking the group on a bad argument: the peers would
+ * otherwise wait for this rank until the timeout) and run it. */
+static int s_run (struct shm *c, const struct rx_comm_op *op, struct rx_err *err)
+{
+    if (c->broken) return s_fail (c, err);
+    if (s_is_broken (c)) return s_adopt (c, err);
+    c->opno++;
+    c->opname = s_kind_name (op->kind);
+    unsigned long long no = (unsigned long long) c->opno;
+    const char *kn = c->opname;
+    int k = op->kind;
+    if (k < RX_COMM_ALL_REDUCE || k > RX_COMM_BARRIER)
+        return s_break (c, err, RX_EINVAL, "rank %d: operation #%llu: unknown kind %d", c->rank, no, k);
+    if (k == RX_COMM_BARRIER) {
+        int par = (int) (c->use++ & 1);
+        return s_sync_first (c, par, op, err);
+    }
+    size_t elt = rx_comm_dtype_size (op->dtype);
+    if (!elt)
+        return s_break (c, err, RX_EINVAL,
+                        "rank %d: %s #%llu: dtype %s (%d) is not supported (f32, f16, bf16, i32, i64)",
+                        c->rank, kn, no, rx_dtype_name (op->dtype), op->dtype);
+    if ((k == RX_COMM_ALL_REDUCE || k == RX_COMM_REDUCE_SCATTER)
+        && (op->red < RX_COMM_SUM || op->red > RX_COMM_MIN))
+        return s_break (c, err, RX_EINVAL, "rank %d: %s #%llu: unknown reduction %d (sum, max, min)",
+                        c->rank, kn, no, op->red);
+    if (k == RX_COMM_ALL_TO_ALL_V) {
+        if (!op->send_counts || !op->send_displs || !op->recv_counts || !op->recv_displs)
+            return s_break (c, err, RX_EINVAL, "rank %d: all_to_all_v #%llu: NULL counts or displacements",
+                            c->rank, no);
+        for (int p = 0; p < c->n; p++) {
+            if ((op->send_counts[p] && !op->send) || (op->recv_counts[p] && !op->recv))
+                return s_break (c, err, RX_EINVAL, "rank %d: all_to_all_v #%llu: NULL buffer with a non-zero count",
+                                c->rank, no);
+            if (op->send_counts[p] > SIZE_MAX / 16 / elt || op->recv_counts[p] > SIZE_MAX / 16 / elt
+                || op->send_displs[p] > SIZE_MAX / 16 / elt || op->recv_displs[p] > SIZE_MAX / 16 / elt)
+                return s_break (c, err, RX_EINVAL, "rank %d: all_to_all_v #%llu: count or displacement too large",
+                                c->rank, no);
+        }
+        return s_all_to_all_v (c, op, elt, err);
+    }
+    if (op->count > SIZE_MAX / 16 / elt / (size_t) c->n)
+        return s_break (c, err, RX_EINVAL, "rank %d: %s #%llu: count %zu too large", c->rank, kn, no,
+                        op->count);
+    if (op->count && (!op->recv || (k != RX_COMM_BROADCAST && !op->send)))
+        return s_break (c, err, RX_EINVAL, "rank %d: %s #%llu: NULL buffer with count %zu",
+                        c->rank, kn, no, op->count);
+    switch (k) {
+    case RX_COMM_ALL_REDUCE: return s_all_reduce (c, op, elt, err);
+    case RX_COMM_ALL_GATHER: return s_all_gather (c, op, elt, err);
+    case RX_COMM_REDUCE_SCATTER: return s_reduce_scatter (c, op, elt, err);
+    default:
+        if (op->root < 0 || op->root >= c->n)
+            return s_break (c, err, RX_EINVAL, "rank %d: broadcast #%llu: root %d is out of range (0..%d)",
+                            c->rank, no, op->root, c->n - 1);
+        return s_broadcast (c, op, elt, err);
+    }
+}
+
+/* ---- create / destroy ---------------------------------------------------- */
+
+static void s_unmap (struct shm *c)
+{
+    if (c->map) munmap (c->map, c->map_size);
+    if (c->fd >= 0) close (c->fd);
+    c->map = NULL;
+    c->hdr = NULL;
+    c->fd = -1;
+}
+
+static void s_set_layout (struct shm *c)
+{
+    c->hdr = (struct s_hdr *) c->map;
+    c->ranks = (struct s_rank *) (c->map + sizeof (struct s_hdr));
+    c->data = c->map + c->hdr->data_off;
+}
+
+static int s_create_seg (struct shm *c, struct rx_err *err)
+{
+    size_t ctl = sizeof (struct s_hdr) + (size_t) c->n * sizeof (struct s_rank);
+    size_t data_off = (ctl + 4095) & ~(size_t) 4095;
+    if (c->buf_size > (SIZE_MAX / 4 - data_off) / 2 / (size_t) c->n)
+        return rx_err_set (err, RX_EINVAL, "comm-shm %s: buffer_size %zu is too large for %d ranks",
+                           c->group, c->buf_size, c->n);
+    c->map_size = data_off + (size_t) c->n * 2 * c->buf_size;
+    for (int tries = 0;; tries++) {
+        c->fd = shm_open (c->name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (c->fd >= 0) break;
+        if (errno == EEXIST && tries < 3) {        /* stale segment of a crashed run */
+            RX_HLOG (c->host, RX_LOG_WARN, "comm-shm %s: removing stale segment /dev/shm%s",
+                     c->group, c->name);
+            shm_unlink (c->name);
+            continue;
+        }
+        return rx_err_set (err, RX_EIO, "comm-shm %s: shm_open %s: %s", c->group, c->name,
+                           strerror (errno));
+    }
+    if (ftruncate (c->fd, (off_t) c->map_size) != 0) {
+        int e = errno;
+        shm_unlink (c->name);
+        return rx_err_set (err, e == ENOSPC || e == ENOMEM ? RX_ENOMEM : RX_EIO,
+                           "comm-shm %s: ftruncate %s to %zu bytes: %s", c->group, c->name,
+                           c->map_size, strerror (e));
+    }
+    /* Reserve the pages now: on a small /dev/shm (containers default to
+     * 64 MiB) touching a sparse page later would be a SIGBUS, not an error. */
+    int fe = posix_fallocate (c->fd, 0, (off_t) c->map_size);
+    if (fe != 0 && fe != EOPNOTSUPP && fe != EINVAL) {
+        shm_unlink (c->name);
+        return rx_err_set (err, RX_ENOMEM,
+                           "comm-shm %s: /dev/shm has no room for %zu bytes (%s): lower [comm.shm] buffer_size (%zu) or enlarge /dev/shm",
+                           c->group, c->map_size, strerror (fe), c->buf_size);
+    }
+    void *m = mmap (NULL, c->map_size, PROT_READ | PROT_WRITE, MAP_SHARED, c->fd, 0);
+    if (m == MAP_FAILED) {
+        int e = errno;
+        shm_unlink (c->name);
+        return rx_err_set (err, RX_ENOMEM, "comm-shm %s: mmap %zu bytes: %s", c->group,
+                           c->map_size, strerror (e));
+    }
+    c->map = m;
+    struct s_hdr *h = (struct s_hdr *) c->map;
+    h->version = S_VERSION;
+    h->n_rank = c->n;
+    h->creator_pid = (int32_t) getpid ();
+    h->buf_size = c->buf_size;
+    h->map_size = c->map_size;
+    h->data_off = data_off;
+    s_set_layout (c);
+    atomic_store (&h->magic, S_MAGIC);
+    return RX_OK;
+}
+
+/* Try once to attach to the segment: 1 attached, 0 not there (yet), < 0 error. */
+static int s_try_attach (struct shm *c, struct rx_err *err)
+{
+    int fd = shm_open (c->name, O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        if (errno == ENOENT) return 0;
+        return rx_err_set (err, RX_EIO, "comm-shm %s: shm_open %s: %s", c->group, c->name,
+                           strerror (errno));
+    }
+    struct stat st;
+    if (fstat (fd, &st) != 0 || st.st_size < (off_t) sizeof (struct s_hdr)) {
+        close (fd);
+        return 0;
+    }
+    void *m = mmap (NULL, (size_t) st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+        close (fd);
+        return rx_err_set (err, RX_ENOMEM, "comm-shm %s: mmap: %s", c->group, strerror (errno));
+    }
+    struct s_hdr *h = m;
+    if (atomic_load (&h->magic) != S_MAGIC || s_pid_gone (h->creator_pid)) {
+        munmap (m, (size_t) st.st_size);           /* not ready, or stale: rank 0 replaces it */
+        close (fd);
+        return 0;
+    }
+    if (h->version != S_VERSION || h->n_rank != c->n || h->buf_size != c->buf_size
+        || h->map_size != (uint64_t) st.st_size) {
+        int rc = rx_err_set (err, RX_EINVAL,
+                             "comm-shm %s: rank 0 set the group up with %d ranks and buffer_size %llu, rank %d with %d ranks and buffer_size %zu",
+                             c->group, h->n_rank, (unsigned long long) h->buf_size, c->rank, c->n,
+                             c->buf_size);
+        munmap (m, (size_t) st.st_size);
+        close (fd);
+        return rc;
+    }
+    c->fd = fd;
+    c->map = m;
+    c->map_size = (size_t) st.st_size;
+    s_set_layout (c);
+    return 1;
+}
+
+/* Is our mapping no longer what the name refers to (rank 0 replaced a
+ * stale segment we attached to)? */
+static int s_replaced (struct shm *c)
+{
+    int fd = shm_open (c->name, O_RDONLY | O_CLOEXEC, 0);
+    if (fd < 0) return 0;
+    struct stat a, b;
+    int r = fstat (fd, &a) == 0 && fstat (c->fd, &b) == 0 && a.st_ino != b.st_ino;
+    close (fd);
+    return r;
+}
+
+static void s_destroy (void *comm);
+
+static int s_create (const struct rx_host *host, const struct rx_comm_params *p, void **out,
+                     struct rx_err *err)
+{
+    if (out) *out = NULL;
+    if (!host || !p || !out)
+        return rx_err_set (err, RX_EINVAL, "comm-shm: create: NULL host, params or result");
+    if (p->struct_size < offsetof (struct rx_comm_params, kbe) + sizeof p->kbe)
+        return rx_err_set (err, RX_EINVAL, "comm-shm: params struct too short (%u bytes)", p->struct_size);
+    const char *g = p->group;
+    size_t gl = g ? strlen (g) : 0;
+    if (!g || gl == 0 || gl > S_GROUP_MAX)
+        return rx_err_set (err, RX_EINVAL, "comm-shm: group name must be 1..%d characters (got %zu)",
+                           S_GROUP_MAX, gl);
+    for (size_t i = 0; i < gl; i++) {
+        char ch = g[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9')
+              || ch == '_' || ch == '.' || ch == '-'))
+            return rx_err_set (err, RX_EINVAL,
+                               "comm-shm: group name \"%.64s\" has a bad character at %zu (allowed: A-Z a-z 0-9 _ . -)",
+                               g, i);
+    }
+    if (p->n_rank < 1 || p->n_rank > S_MAX_RANK)
+        return rx_err_set (err, RX_EINVAL, "comm-shm %s: n_rank %d is out of range (1..%d)", g,
+                           p->n_rank, S_MAX_RANK);
+    if (p->rank < 0 || p->rank >= p->n_rank)
+        return rx_err_set (err, RX_EINVAL, "comm-shm %s: rank %d is out of range (0..%d)", g, p->rank,
+                           p->n_rank - 1);
+    if (!(p->timeout_s >= 0) || p->timeout_s > 1e9)
+        return rx_err_set (err, RX_EINVAL, "comm-shm %s: timeout_s %g is not in 0..1e9", g, p->timeout_s);
+    uint64_t bs = 0;
+    if (!host->cfg_size || host->cfg_size (host, "buffer_size", &bs) != RX_OK) bs = 8u << 20;
+    if (bs < 4096 || bs > (1u << 30))
+        return rx_err_set (err, RX_EINVAL, "comm-shm %s: buffer_size %llu is not in 4KiB..1GiB", g,
+                           (unsigned long long) bs);
+
+    struct shm *c = host->alloc (host, sizeof *c, 64);
+    if (!c) return rx_err_set (err, RX_ENOMEM, "comm-shm %s: out of memory", g);
+    memset (c, 0, sizeof *c);
+    c->host = host;
+    memcpy (c->group, g, gl + 1);
+    snprintf (c->name, sizeof c->name, "/radix-%s", g);
+    c->rank = p->rank;
+    c->n = p->n_rank;
+    c->timeout_s = p->timeout_s;
+    c->buf_size = (size_t) bs & ~(size_t) 63;
+    c->fd = -1;
+    c->opname = "create";
+
+    double t0 = s_now (), deadline = c->timeout_s > 0 ? t0 + c->timeout_s : 0;
+    int rc;
+attach:
+    if (c->rank == 0) {
+        rc = s_create_seg (c, err);
+        if (rc) goto fail;
+    } else {
+        int ms = 1;
+        while ((rc = s_try_attach (c, err)) == 0) {
+            if (deadline && s_now () >= deadline) {
+                rc = rx_err_set (err, RX_ETIMEDOUT,
+                                 "comm-shm %s: rank 0 did not create segment %s within %g s (rank %d waited)",
+                                 c->group, c->name, c->timeout_s, c->rank);
+                goto fail;
+            }
+            s_sleep_ms (ms);
+            if (ms < 16) ms *= 2;
+        }
+        if (rc < 0) goto fail;
+    }
+    struct s_rank *me = s_rk (c, c->rank);
+    if (atomic_exchange (&me->joined, 1) != 0) {
+        rc = s_break (c, err, RX_EINVAL, "rank %d joined twice (two processes claim it)", c->rank);
+        goto fail;
+    }
+    atomic_store (&me->pid, (int32_t) getpid ());
+    atomic_fetch_add (&c->hdr->joined, 1);
+    s_futex_wake (&c->hdr->joined);
+    for (;;) {
+        uint32_t j = atomic_load (&c->hdr->joined);
+        if (j >= (uint32_t) c->n) break;
+        if (s_is_broken (c)) {
+            rc = s_adopt (c, err);
+            goto fail;
+        }
+        double now = s_now ();
+        if (deadline && now >= deadline) {
+            char miss[128] = "";
+            size_t len = 0;
+            for (int r = 0; r < c->n && len < sizeof miss - 8; r++)
+                if (!atomic_load (&s_rk (c, r)->joined))
+                    len += (size_t) snprintf (miss + len, sizeof miss - len, "%s%d", len ? ", " : "", r);
+            rc = s_break (c, err, RX_ETIMEDOUT, "rank(s) %s did not join within %g s", miss,
+                          c->timeout_s);
+            goto fail;
+        }
+        if (c->rank != 0 && s_replaced (c)) {        /* we joined a stale segment */
+            s_unmap (c);
+            goto attach;
+        }
+        double slice = S_SLICE_MS / 1000.0;
+        if (deadline && deadline - now < slice) slice = deadline - now;
+        s_futex_wait (&c->hdr->joined, j, slice);
+    }
+    if (c->rank == 0) {
+        shm_unlink (c->name);
+        c->unlinked = 1;
+    }
+    c->gen = 0;
+    *out = c;
+    return RX_OK;
+fail:
+    if (c->rank == 0 && c->map && !c->unlinked) {
+        shm_unlink (c->name);
+        c->unlinked = 1;
+    }
+    if (c->rank != 0 && c->map && s_pid_gone (c->hdr->creator_pid)) shm_unlink (c->name);
+    s_unmap (c);
+    host->free_ (host, c);
+    return rc;
+}
+
+static void s_destroy (void *comm)
+{
+    struct shm *c = comm;
+    if (!c) return;
+    if (c->map) {
+        struct s_rank *me = s_rk (c, c->rank);
+        atomic_store (&me->left, 1);
+        s_futex_wake (&me->arrive);
+    }
+    if (c->rank == 0 && c->map && !c->unlinked) shm_unlink (c->name);
+    s_unmap (c);
+    c->host->free_ (c->host, c);
+}
+
+/* ---- ops table ----------------------------------------------------------- */
+
+static int s_all_reduce_b (void *comm, rx_kstream_t *s, const void *send, void *recv, size_t count,
+                           int dtype, int red, struct rx_err *err)
+{
+    struct rx_comm_op op = { .struct_size = sizeof op, .kind = RX_COMM_ALL_REDUCE, .dtype = dtype,
+                             .red = red, .send = send, .recv = recv, .count = count, .stream = s };
+    return s_run (comm, &op, err);
+}
+
+static int s_all_gather_b (void *comm, rx_kstream_t *s, const void *send, void *recv, size_t count,
+                           int dtype, struct rx_err *err)
+{
+    struct rx_comm_op op = { .struct_size = sizeof op, .kind = RX_COMM_ALL_GATHER, .dtype = dtype,
+                             .send = send, .recv = recv, .count = count, .stream = s };
+    return s_run (comm, &op, err);
+}
+
+static int s_reduce_scatter_b (void *comm, rx_kstream_t *s, const void *send, void *recv,
+                               size_t count, int dtype, int red, struct rx_err *err)
+{
+    struct rx_comm_op op = { .struct_size = sizeof op, .kind = RX_COMM_REDUCE_SCATTER,
+                             .dtype = dtype, .red = red, .send = send, .recv = recv,
+                             .count = count, .stream = s };
+    return s_run (comm, &op, err);
+}
+
+static int s_all_to_all_v_b (void *comm, rx_kstream_t *s, const void *send, const size_t *send_counts,
+                             const size_t *send_displs, void *recv, const size_t *recv_counts,
+                             const size_t *recv_displs, int dtype, struct rx_err *err)
+{
+    struct rx_comm_op op = { .struct_size = sizeof op, .kind = RX_COMM_ALL_TO_ALL_V, .dtype = dtype,
+                             .send = send, .recv = recv, .send_counts = send_counts,
+                             .send_displs = send_displs, .recv_counts = recv_counts,
+                             .recv_displs = recv_displs, .stream = s };
+    return s_run (comm, &op, err);
+}
+
+static int s_broadcast_b (void *comm, rx_kstream_t *s, void *buf, size_t count, int dtype, int root,
+                          struct rx_err *err)
+{
+    struct rx_comm_op op = { .struct_size = sizeof op, .kind = RX_COMM_BROADCAST, .dtype = dtype,
+                             .root = root, .send = buf, .recv = buf, .count = count, .stream = s };
+    return s_run (comm, &op, err);
+}
+
+static int s_barrier_b (void *comm, rx_kstream_t *s, struct rx_err *err)
+{
+    struct rx_comm_op op = { .struct_size = sizeof op, .kind = RX_COMM_BARRIER, .stream = s };
+    return s_run (comm, &op, err);
+}
+
+/* Runs the op here (no progress thread); wait() returns its status. */
+static int s_start (void *comm, const struct rx_comm_op *op, rx_comm_req_t **req, struct rx_err *err)
+{
+    struct shm *c = comm;
+    if (req) *req = NULL;
+    if (!c || !op || !req)
+        return rx_err_set (err, RX_EINVAL, "comm-shm: start: NULL instance, op or req");
+    if (op->struct_size < offsetof (struct rx_comm_op, stream) + sizeof op->stream)
+        return s_break (c, err, RX_EINVAL, "rank %d: start: op struct too short (%u bytes)", c->rank,
+                        op->struct_size);
+    if (c->inflight >= RX_COMM_MAX_INFLIGHT)
+        return s_break (c, err, RX_EINVAL, "rank %d: start: %d operations already in flight (max %d)",
+                        c->rank, c->inflight, RX_COMM_MAX_INFLIGHT);
+    struct rx_comm_req *r = c->host->alloc (c->host, sizeof *r, 0);
+    if (!r) return s_break (c, err, RX_ENOMEM, "rank %d: start: out of memory", c->rank);
+    r->err.code = RX_OK;
+    r->err.msg[0] = '\0';
+    r->rc = s_run (c, op, &r->err);
+    c->inflight++;
+    *req = r;
+    return RX_OK;
+}
+
+static int s_wait (void *comm, rx_comm_req_t *req, struct rx_err *err)
+{
+    struct shm *c = comm;
+    if (!c || !req) return rx_err_set (err, RX_EINVAL, "comm-shm: wait: NULL instance or req");
+    int rc = req->rc;
+    if (rc) rx_err_set (err, rc, "%s", req->err.msg);
+    c->inflight--;
+    c->host->free_ (c->host, req);
+    return rc;
+}
+
+static int s_check (void *comm, struct rx_err *err)
+{
+    struct shm *c = comm;
+    if (!c) return rx_err_set (err, RX_EINVAL, "comm-shm: check: NULL instance");
+    if (c->broken) return s_fail (c, err);
+    if (s_is_broken (c)) return s_adopt (c, err);
+    return RX_OK;
+}
+
+static const struct rx_comm_ops s_ops = {
+    .struct_size = sizeof (struct rx_comm_ops),
+    .create = s_create,
+    .destroy = s_destroy,
+    .all_reduce = s_all_reduce_b,
+    .all_gather = s_all_gather_b,
+    .reduce_scatter = s_reduce_scatter_b,
+    .all_to_all_v = s_all_to_all_v_b,
+    .broadcast = s_broadcast_b,
+    .barrier = s_barrier_b,
+    .start = s_start,
+    .wait = s_wait,
+    .check = s_check,
+};
+
+RX_PLUGIN_DEFINE (.kind = RX_KIND_COMM, .name = "shm", .version = "1.0",
+                  .description = "collectives between CPU ranks of one host over POSIX shared memory",
+                  .keys = s_keys, .ops = &s_ops)

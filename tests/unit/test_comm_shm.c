@@ -1,0 +1,762 @@
+/* tests/unit/test_comm_shm.c -- comm-shm.so loaded through the real loader
+ * from the build tree; ranks are forked processes (and threads in one test).
+ * Every collective against a naive reference the test computes itself
+ * (each rank regenerates every rank's input from a seed): all dtypes and
+ * reductions, chunking past buffer_size, in-place forms, zero counts,
+ * start/wait, bitwise-identical all_reduce results across ranks; and the
+ * failures: a rank that never joins, a rank that dies, is stuck or leaves,
+ * mismatched calls, bad arguments, a stale segment, nothing left in /dev/shm. */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <radix/comm.h>
+
+#include "conf.h"
+#include "loader.h"
+#include "../testutil.h"
+
+/* ---- harness ------------------------------------------------------------- */
+
+struct env {
+    rx_loader_t *l;
+    rx_conf_t *conf;
+    rx_plugin_t *pl;
+    const struct rx_comm_ops *ops;
+    const struct rx_host *host;
+    char group[64];
+};
+
+static int s_group_no;
+
+/* Load comm-shm with ini as its config (NULL: defaults) and pick a group
+ * name unique to this test process. */
+static void s_load (struct env *e, const char *ini)
+{
+    struct rx_err err = { 0 };
+    memset (e, 0, sizeof *e);
+    e->l = rx_loader_new (tu_env ("RX_PLUGIN_BUILD_DIR"), &err);
+    cr_assert_not_null (e->l, "%s", err.msg);
+    cr_assert_eq (rx_loader_find (e->l, RX_KIND_COMM, "shm", &e->pl, &err), RX_OK, "%s", err.msg);
+    if (ini) {
+        e->conf = rx_conf_parse_string (ini, strlen (ini), "comm-test.ini", &err);
+        cr_assert_not_null (e->conf, "%s", err.msg);
+    }
+    cr_assert_eq (rx_plugin_init (e->pl, e->conf, &err), RX_OK, "%s", err.msg);
+    e->ops = rx_plugin_ops (e->pl);
+    e->host = rx_plugin_host (e->pl);
+    snprintf (e->group, sizeof e->group, "t%d-%d", (int) getpid (), ++s_group_no);
+}
+
+/* /dev/shm/radix-<group> must not exist (the segment was unlinked). */
+static void s_assert_no_segment (const struct env *e)
+{
+    char path[128];
+    snprintf (path, sizeof path, "/dev/shm/radix-%s", e->group);
+    cr_assert_neq (access (path, F_OK), 0, "%s was left behind", path);
+}
+
+static void s_close (struct env *e)
+{
+    s_assert_no_segment (e);
+    rx_conf_destroy (&e->conf);
+    rx_loader_destroy (&e->l);
+}
+
+static int s_create (struct env *e, int rank, int n, double timeout_s, void **c, struct rx_err *err)
+{
+    struct rx_comm_params p = { .struct_size = sizeof p, .rank = rank, .n_rank = n,
+                                .group = e->group, .timeout_s = timeout_s };
+    return e->ops->create (e->host, &p, c, err);
+}
+
+/* A rank's body: returns 0 on success, else prints why and returns 1. */
+typedef int (*rank_fn) (struct env *e, void *c, int rank, int n, void *ud);
+
+#define CHECK(cond, ...)                                                        \
+    do {                                                                        \
+        if (!(cond)) {                                                          \
+            fprintf (stderr, "rank %d: %s:%d: ", rank, __FILE__, __LINE__);     \
+            fprintf (stderr, __VA_ARGS__);                                      \
+            fputc ('\n', stderr);                                               \
+            return 1;                                                           \
+        }                                                                       \
+    } while (0)
+
+#define CHECK_OK(call)                                                          \
+    do {                                                                        \
+        struct rx_err e_ = { 0 };                                               \
+        int rc_ = (call);                                                       \
+        (void) e_;                                                              \
+        CHECK (rc_ == RX_OK, "%s -> %d", #call, rc_);                           \
+    } while (0)
+
+static int s_rank_main (struct env *e, int rank, int n, double timeout_s, rank_fn fn, void *ud)
+{
+    struct rx_err err = { 0 };
+    void *c = NULL;
+    int rc = s_create (e, rank, n, timeout_s, &c, &err);
+    if (rc) {
+        fprintf (stderr, "rank %d: create: %s\n", rank, err.msg);
+        return 1;
+    }
+    int r = fn (e, c, rank, n, ud);
+    e->ops->destroy (c);
+    return r;
+}
+
+/* Fork n ranks running fn; assert every one exits 0 within 60 s. */
+static void s_run_ranks (struct env *e, int n, double timeout_s, rank_fn fn, void *ud)
+{
+    pid_t pids[16];
+    for (int r = 0; r < n; r++) {
+        pids[r] = fork ();
+        cr_assert_geq (pids[r], 0);
+        if (pids[r] == 0) {
+            alarm (60);
+            _exit (s_rank_main (e, r, n, timeout_s, fn, ud));
+        }
+    }
+    for (int r = 0; r < n; r++) {
+        int st = 0;
+        cr_assert_eq (waitpid (pids[r], &st, 0), pids[r]);
+        cr_assert (WIFEXITED (st) && WEXITSTATUS (st) == 0,
+                   "rank %d of %d failed (status 0x%x; see stderr)", r, n, st);
+    }
+}
+
+/* ---- deterministic data -------------------------------------------------- */
+
+static uint64_t s_mix (uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* Element i of rank r's input for test seed s, as a double in [-1, 1). */
+static double s_val (uint64_t s, int r, size_t i)
+{
+    return (double) (s_mix (s * 1000003u + (uint64_t) r * 0x100000001ull + i) >> 11) * 0x1.0p-52 - 1.0;
+}
+
+static uint16_t s_bf16_round (float f)      /* round to nearest even (no NaN inputs here) */
+{
+    uint32_t u;
+    memcpy (&u, &f, 4);
+    return (uint16_t) ((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+static float s_bf16_f (uint16_t b)
+{
+    uint32_t u = (uint32_t) b << 16;
+    float f;
+    memcpy (&f, &u, 4);
+    return f;
+}
+
+/* Fill buf with count elements of rank r's input (dtype dt). */
+static void s_fill (void *buf, int dt, uint64_t s, int r, size_t count)
+{
+    for (size_t i = 0; i < count; i++) {
+        double v = s_val (s, r, i);
+        switch (dt) {
+        case RX_F32: ((float *) buf)[i] = (float) v; break;
+        case RX_F16: ((_Float16 *) buf)[i] = (_Float16) (v * 4); break;
+        case RX_BF16: ((uint16_t *) buf)[i] = s_bf16_round ((float) (v * 100)); break;
+        case RX_I32: ((int32_t *) buf)[i] = (int32_t) (s_mix (s + i * 7 + (uint64_t) r) >> 32); break;
+        case RX_I64: ((int64_t *) buf)[i] = (int64_t) s_mix (s * 3 + i * 11 + (uint64_t) r); break;
+        }
+    }
+}
+
+/* The naive reference: out[i] = red over ranks 0..n-1 in order of in[r][i];
+ * f16/bf16 accumulate in float and round once. */
+static void s_ref_reduce (void *out, int dt, int red, uint64_t s, int n, size_t count, size_t first)
+{
+    size_t elt = rx_comm_dtype_size (dt);
+    unsigned char *in = malloc ((first + count) * elt * n + 1);
+    for (int r = 0; r < n; r++) s_fill (in + (size_t) r * (first + count) * elt, dt, s, r, first + count);
+#define IN(T, r, i) (((T *) (in + (size_t) (r) * (first + count) * elt))[first + (i)])
+#define RED(a, b) (red == RX_COMM_SUM ? (a) + (b) : red == RX_COMM_MAX ? ((b) > (a) ? (b) : (a)) : ((b) < (a) ? (b) : (a)))
+    for (size_t i = 0; i < count; i++) {
+        switch (dt) {
+        case RX_F32: { float a = IN (float, 0, i); for (int r = 1; r < n; r++) a = RED (a, IN (float, r, i)); ((float *) out)[i] = a; break; }
+        case RX_F16: { float a = (float) IN (_Float16, 0, i); for (int r = 1; r < n; r++) a = RED (a, (float) IN (_Float16, r, i)); ((_Float16 *) out)[i] = (_Float16) a; break; }
+        case RX_BF16: { float a = s_bf16_f (IN (uint16_t, 0, i)); for (int r = 1; r < n; r++) a = RED (a, s_bf16_f (IN (uint16_t, r, i))); ((uint16_t *) out)[i] = s_bf16_round (a); break; }
+        case RX_I32: {
+            int32_t a = IN (int32_t, 0, i);
+            for (int r = 1; r < n; r++) {
+                int32_t b = IN (int32_t, r, i);
+                a = red == RX_COMM_SUM ? (int32_t) ((uint32_t) a + (uint32_t) b) : RED (a, b);
+            }
+            ((int32_t *) out)[i] = a;
+            break;
+        }
+        case RX_I64: {
+            int64_t a = IN (int64_t, 0, i);
+            for (int r = 1; r < n; r++) {
+                int64_t b = IN (int64_t, r, i);
+                a = red == RX_COMM_SUM ? (int64_t) ((uint64_t) a + (uint64_t) b) : RED (a, b);
+            }
+            ((int64_t *) out)[i] = a;
+            break;
+        }
+        }
+    }
+#undef IN
+#undef RED
+    free (in);
+}
+
+/* ---- the plugin ---------------------------------------------------------- */
+
+Test (comm_shm, loads_as_comm_shm)
+{
+    struct env e;
+    s_load (&e, NULL);
+    const struct rx_plugin_desc *d = rx_plugin_desc (e.pl);
+    cr_assert_eq (d->kind, RX_KIND_COMM);
+    cr_assert_str_eq (d->name, "shm");
+    cr_assert (strstr (rx_plugin_path (e.pl), "comm-shm"), "%s", rx_plugin_path (e.pl));
+    cr_assert_geq (e.ops->struct_size, RX_COMM_OPS_SIZE_1_0);
+    cr_assert_str_eq (d->keys[0].name, "buffer_size");
+    cr_assert_eq (d->keys[0].type, RX_CFG_SIZE);
+    s_close (&e);
+}
+
+/* ---- all_reduce ---------------------------------------------------------- */
+
+struct ar_case {
+    int dtype, red;
+    size_t count;
+    uint64_t seed;
+    int in_place;
+    unsigned char *shared;          /* n * count * elt: each rank's result, for the parent */
+};
+
+static int s_ar_rank (struct env *e, void *c, int rank, int n, void *ud)
+{
+    struct ar_case *k = ud;
+    size_t elt = rx_comm_dtype_size (k->dtype), bytes = k->count * elt;
+    unsigned char *send = malloc (bytes + 1), *recv = malloc (bytes + 1), *ref = malloc (bytes + 1);
+    s_fill (send, k->dtype, k->seed, rank, k->count);
+    memset (recv, 0xab, bytes);
+    struct rx_err err = { 0 };
+    int rc = k->in_place ? e->ops->all_reduce (c, NULL, send, send, k->count, k->dtype, k->red, &err)
+                         : e->ops->all_reduce (c, NULL, send, recv, k->count, k->dtype, k->red, &err);
+    CHECK (rc == RX_OK, "all_reduce: %s", err.msg);
+    unsigned char *out = k->in_place ? send : recv;
+    s_ref_reduce (ref, k->dtype, k->red, k->seed, n, k->count, 0);
+    for (size_t i = 0; i < bytes; i++)
+        CHECK (out[i] == ref[i], "%s red %d count %zu: byte %zu (element %zu) differs: %02x vs %02x",
+               rx_dtype_name (k->dtype), k->red, k->count, i, i / elt, out[i], ref[i]);
+    if (k->shared) memcpy (k->shared + (size_t) rank * bytes, out, bytes);
+    free (send);
+    free (recv);
+    free (ref);
+    return 0;
+}
+
+static void s_ar (const char *ini, int n, int dtype, int red, size_t count, int in_place, int shared)
+{
+    struct env e;
+    s_load (&e, ini);
+    struct ar_case k = { dtype, red, count, (uint64_t) (count * 31 + dtype * 7 + red + n), in_place, NULL };
+    size_t bytes = count * rx_comm_dtype_size (dtype);
+    if (shared) {
+        k.shared = mmap (NULL, bytes * n + 1, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        cr_assert_neq (k.shared, MAP_FAILED);
+    }
+    s_run_ranks (&e, n, 30, s_ar_rank, &k);
+    if (shared) {
+        for (int r = 1; r < n; r++)
+            cr_assert_eq (memcmp (k.shared, k.shared + (size_t) r * bytes, bytes), 0,
+                          "rank %d's all_reduce result differs from rank 0's", r);
+        munmap (k.shared, bytes * n + 1);
+    }
+    s_close (&e);
+}
+
+Test (comm_shm, all_reduce_f32_sum_2_3_4_ranks_bitwise_identical)
+{
+    for (int n = 2; n <= 4; n++) s_ar (NULL, n, RX_F32, RX_COMM_SUM, 10007, 0, 1);
+}
+
+Test (comm_shm, all_reduce_every_dtype_and_reduction)
+{
+    const int dts[] = { RX_F32, RX_F16, RX_BF16, RX_I32, RX_I64 };
+    for (size_t d = 0; d < 5; d++)
+        for (int red = RX_COMM_SUM; red <= RX_COMM_MIN; red++)
+            s_ar (NULL, 3, dts[d], red, 1000 + d * 37, 0, 0);
+}
+
+Test (comm_shm, all_reduce_chunked_and_in_place)
+{
+    /* 4 KiB buffers: 1024 floats a chunk; 10007 is ten chunks and a tail. */
+    const char *ini = "[comm.shm]\nbuffer_size = 4K\n";
+    s_ar (ini, 3, RX_F32, RX_COMM_SUM, 10007, 0, 1);
+    s_ar (ini, 4, RX_BF16, RX_COMM_MAX, 5000, 1, 0);
+    s_ar (ini, 2, RX_I64, RX_COMM_SUM, 3001, 1, 1);
+    s_ar (NULL, 2, RX_F32, RX_COMM_SUM, 0, 0, 0);           /* zero elements */
+    s_ar (NULL, 3, RX_F32, RX_COMM_MIN, 1, 0, 0);
+}
+
+Test (comm_shm, one_rank_group)
+{
+    s_ar (NULL, 1, RX_F32, RX_COMM_SUM, 100, 0, 0);
+}
+
+/* ---- all_gather, reduce_scatter, broadcast, all_to_all_v, barrier -------- */
+
+struct misc_case {
+    size_t count;       /* all_gather / reduce_scatter / broadcast elements; a2a max per pair */
+};
+
+/* Element counts rank s sends rank p (zeros included). */
+static size_t s_a2a_count (int s, int p, size_t max)
+{
+    if ((s + 2 * p) % 3 == 0) return 0;
+    return (size_t) (s_mix ((uint64_t) s * 131 + (uint64_t) p) % (max + 1));
+}
+
+static int s_misc_rank (struct env *e, void *c, int rank, int n, void *ud)
+{
+    struct misc_case *k = ud;
+    size_t cnt = k->count;
+    struct rx_err err = { 0 };
+    int rc;
+
+    /* all_gather (out of place, then in place) */
+    float *send = malloc ((cnt + 1) * sizeof (float));
+    float *all = malloc ((cnt * n + 1) * sizeof (float));
+    float *ref = malloc ((cnt * n + 1) * sizeof (float));
+    for (int r = 0; r < n; r++) s_fill (ref + (size_t) r * cnt, RX_F32, 5, r, cnt);
+    s_fill (send, RX_F32, 5, rank, cnt);
+    rc = e->ops->all_gather (c, NULL, send, all, cnt, RX_F32, &err);
+    CHECK (rc == RX_OK, "all_gather: %s", err.msg);
+    CHECK (memcmp (all, ref, cnt * n * sizeof (float)) == 0, "all_gather result differs");
+    memset (all, 0, cnt * n * sizeof (float));
+    memcpy (all + (size_t) rank * cnt, send, cnt * sizeof (float));
+    rc = e->ops->all_gather (c, NULL, all + (size_t) rank * cnt, all, cnt, RX_F32, &err);
+    CHECK (rc == RX_OK, "all_gather in place: %s", err.msg);
+    CHECK (memcmp (all, ref, cnt * n * sizeof (float)) == 0, "in-place all_gather result differs");
+
+    /* reduce_scatter: my send is n*cnt elements; I get block `rank` reduced */
+    int32_t *rs_send = malloc ((cnt * n + 1) * 4), *rs_recv = malloc ((cnt + 1) * 4);
+    int32_t *rs_ref = malloc ((cnt * n + 1) * 4);
+    s_fill (rs_send, RX_I32, 9, rank, cnt * n);
+    rc = e->ops->reduce_scatter (c, NULL, rs_send, rs_recv, cnt, RX_I32, RX_COMM_SUM, &err);
+    CHECK (rc == RX_OK, "reduce_scatter: %s", err.msg);
+    s_ref_reduce (rs_ref, RX_I32, RX_COMM_SUM, 9, n, cnt, (size_t) rank * cnt);
+    CHECK (memcmp (rs_recv, rs_ref, cnt * 4) == 0, "reduce_scatter result differs");
+    float *fs_send = malloc ((cnt * n + 1) * 4), *fs_recv = malloc ((cnt + 1) * 4), *fs_ref = malloc ((cnt + 1) * 4);
+    s_fill (fs_send, RX_F32, 10, rank, cnt * n);
+    rc = e->ops->reduce_scatter (c, NULL, fs_send, fs_recv, cnt, RX_F32, RX_COMM_MAX, &err);
+    CHECK (rc == RX_OK, "reduce_scatter f32 max: %s", err.msg);
+    s_ref_reduce (fs_ref, RX_F32, RX_COMM_MAX, 10, n, cnt, (size_t) rank * cnt);
+    CHECK (memcmp (fs_recv, fs_ref, cnt * 4) == 0, "reduce_scatter f32 max result differs");
+
+    /* broadcast from every root */
+    for (int root = 0; root < n; root++) {
+        int64_t *b = malloc ((cnt + 1) * 8), *bref = malloc ((cnt + 1) * 8);
+        s_fill (bref, RX_I64, 100 + (uint64_t) root, root, cnt);
+        if (rank == root) memcpy (b, bref, cnt * 8);
+        else memset (b, 0x5a, cnt * 8);
+        rc = e->ops->broadcast (c, NULL, b, cnt, RX_I64, root, &err);
+        CHECK (rc == RX_OK, "broadcast root %d: %s", root, err.msg);
+        CHECK (memcmp (b, bref, cnt * 8) == 0, "broadcast from root %d differs", root);
+        free (b);
+        free (bref);
+    }
+
+    /* all_to_all_v: segments laid out in reverse peer order with gaps, so
+     * displacements matter; value = sender << 24 | receiver << 16 | index */
+    size_t sc[16], sd[16], rcn[16], rd[16], soff = 3, roff = 5;
+    for (int p = n - 1; p >= 0; p--) {
+        sc[p] = s_a2a_count (rank, p, cnt);
+        sd[p] = soff;
+        soff += sc[p] + 2;
+        rcn[p] = s_a2a_count (p, rank, cnt);
+        rd[p] = roff;
+        roff += rcn[p] + 1;
+    }
+    int32_t *as = malloc (soff * 4), *ar = malloc (roff * 4);
+    for (int p = 0; p < n; p++)
+        for (size_t i = 0; i < sc[p]; i++) as[sd[p] + i] = (int32_t) ((rank << 24) | (p << 16) | (int) i);
+    memset (ar, 0xee, roff * 4);
+    rc = e->ops->all_to_all_v (c, NULL, as, sc, sd, ar, rcn, rd, RX_I32, &err);
+    CHECK (rc == RX_OK, "all_to_all_v: %s", err.msg);
+    for (int p = 0; p < n; p++) {
+        for (size_t i = 0; i < rcn[p]; i++)
+            CHECK (ar[rd[p] + i] == (int32_t) ((p << 24) | (rank << 16) | (int) i),
+                   "all_to_all_v: element %zu from rank %d is %08x", i, p, (unsigned) ar[rd[p] + i]);
+        CHECK (ar[rd[p] + rcn[p]] == (int32_t) 0xeeeeeeee, "all_to_all_v wrote past segment from rank %d", p);
+    }
+    /* all zero counts */
+    size_t z[16] = { 0 };
+    rc = e->ops->all_to_all_v (c, NULL, NULL, z, z, NULL, z, z, RX_I32, &err);
+    CHECK (rc == RX_OK, "all_to_all_v zero counts: %s", err.msg);
+
+    rc = e->ops->barrier (c, NULL, &err);
+    CHECK (rc == RX_OK, "barrier: %s", err.msg);
+    rc = e->ops->check (c, &err);
+    CHECK (rc == RX_OK, "check: %s", err.msg);
+    free (send); free (all); free (ref); free (rs_send); free (rs_recv); free (rs_ref);
+    free (fs_send); free (fs_recv); free (fs_ref); free (as); free (ar);
+    return 0;
+}
+
+Test (comm_shm, gather_scatter_broadcast_all_to_all_v_2_3_4_ranks)
+{
+    for (int n = 2; n <= 4; n++) {
+        struct env e;
+        s_load (&e, NULL);
+        struct misc_case k = { 777 };
+        s_run_ranks (&e, n, 30, s_misc_rank, &k);
+        s_close (&e);
+    }
+}
+
+Test (comm_shm, every_collective_chunked)
+{
+    /* 4 KiB buffers: every collective needs several rounds at these counts. */
+    struct env e;
+    s_load (&e, "[comm.shm]\nbuffer_size = 4K\n");
+    struct misc_case k = { 2500 };
+    s_run_ranks (&e, 3, 30, s_misc_rank, &k);
+    s_close (&e);
+}
+
+/* ---- start / wait -------------------------------------------------------- */
+
+static int s_async_rank (struct env *e, void *c, int rank, int n, void *ud)
+{
+    size_t cnt = 3000;
+    float *a = malloc (cnt * 4), *aref = malloc (cnt * 4), *g = malloc (cnt * n * 4), *gref = malloc (cnt * n * 4);
+    float *b = malloc (cnt * 4), *bref = malloc (cnt * 4);
+    s_fill (a, RX_F32, 21, rank, cnt);
+    s_ref_reduce (aref, RX_F32, RX_COMM_SUM, 21, n, cnt, 0);
+    for (int r = 0; r < n; r++) s_fill (gref + (size_t) r * cnt, RX_F32, 22, r, cnt);
+    float *mine = malloc (cnt * 4);
+    s_fill (mine, RX_F32, 22, rank, cnt);
+    s_fill (bref, RX_F32, 23, 1, cnt);
+    if (rank == 1) memcpy (b, bref, cnt * 4);
+    struct rx_comm_op o1 = { .struct_size = sizeof o1, .kind = RX_COMM_ALL_REDUCE, .dtype = RX_F32,
+                             .red = RX_COMM_SUM, .send = a, .recv = a, .count = cnt };
+    struct rx_comm_op o2 = { .struct_size = sizeof o2, .kind = RX_COMM_ALL_GATHER, .dtype = RX_F32,
+                             .send = mine, .recv = g, .count = cnt };
+    struct rx_comm_op o3 = { .struct_size = sizeof o3, .kind = RX_COMM_BROADCAST, .dtype = RX_F32,
+                             .root = 1, .send = b, .recv = b, .count = cnt };
+    struct rx_comm_op o4 = { .struct_size = sizeof o4, .kind = RX_COMM_BARRIER };
+    rx_comm_req_t *q[4] = { 0 };
+    struct rx_err err = { 0 };
+    const struct rx_comm_op *ops[4] = { &o1, &o2, &o3, &o4 };
+    for (int i = 0; i < 4; i++) {
+        int rc = e->ops->start (c, ops[i], &q[i], &err);
+        CHECK (rc == RX_OK && q[i], "start %d: %s", i, err.msg);
+    }
+    for (int i = 0; i < 4; i++) {
+        int rc = e->ops->wait (c, q[i], &err);
+        CHECK (rc == RX_OK, "wait %d: %s", i, err.msg);
+    }
+    CHECK (memcmp (a, aref, cnt * 4) == 0, "started all_reduce result differs");
+    CHECK (memcmp (g, gref, cnt * n * 4) == 0, "started all_gather result differs");
+    CHECK (memcmp (b, bref, cnt * 4) == 0, "started broadcast result differs");
+    /* more than RX_COMM_MAX_INFLIGHT started: an error, and the group is broken */
+    for (int i = 0; i < 4; i++) CHECK_OK (e->ops->start (c, &o4, &q[i], &e_));
+    rx_comm_req_t *q5 = NULL;
+    int rc = e->ops->start (c, &o4, &q5, &err);
+    CHECK (rc == RX_EINVAL && q5 == NULL, "fifth start -> %d", rc);
+    CHECK (strstr (err.msg, "in flight"), "%s", err.msg);
+    for (int i = 0; i < 4; i++) e->ops->wait (c, q[i], &err);
+    free (a); free (aref); free (g); free (gref); free (b); free (bref); free (mine);
+    return 0;
+}
+
+Test (comm_shm, start_and_wait)
+{
+    struct env e;
+    s_load (&e, NULL);
+    s_run_ranks (&e, 3, 10, s_async_rank, NULL);
+    s_close (&e);
+}
+
+/* ---- ranks as threads of one process ------------------------------------- */
+
+struct thr {
+    struct env *e;
+    int rank, n, rc;
+};
+
+static void *s_thread (void *arg)
+{
+    struct thr *t = arg;
+    struct ar_case k = { RX_F32, RX_COMM_SUM, 20000, 77, 0, NULL };
+    t->rc = s_rank_main (t->e, t->rank, t->n, 30, s_ar_rank, &k);
+    return NULL;
+}
+
+Test (comm_shm, ranks_as_threads)
+{
+    struct env e;
+    s_load (&e, "[comm.shm]\nbuffer_size = 16K\n");
+    struct thr t[3];
+    pthread_t th[3];
+    for (int r = 0; r < 3; r++) {
+        t[r] = (struct thr) { &e, r, 3, -1 };
+        cr_assert_eq (pthread_create (&th[r], NULL, s_thread, &t[r]), 0);
+    }
+    for (int r = 0; r < 3; r++) pthread_join (th[r], NULL);
+    for (int r = 0; r < 3; r++) cr_assert_eq (t[r].rc, 0, "thread rank %d failed", r);
+    s_close (&e);
+}
+
+/* ---- failures ------------------------------------------------------------ */
+
+static double s_now (void)
+{
+    struct timespec ts;
+    clock_gettime (CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Fork one process per rank in ranks[] that creates with timeout 0.5 s and
+ * expects create to fail with RX_ETIMEDOUT and a message containing want. */
+static int s_expect_create_timeout (struct env *e, int rank, int n, const char *want)
+{
+    struct rx_err err = { 0 };
+    void *c = (void *) 1;
+    double t0 = s_now ();
+    int rc = s_create (e, rank, n, 0.5, &c, &err);
+    double dt = s_now () - t0;
+    CHECK (rc == RX_ETIMEDOUT, "create -> %d (%s)", rc, err.msg);
+    CHECK (c == NULL, "create left a handle");
+    CHECK (strstr (err.msg, want), "message \"%s\" lacks \"%s\"", err.msg, want);
+    CHECK (dt > 0.4 && dt < 5, "create took %.2f s", dt);
+    return 0;
+}
+
+Test (comm_shm, rank_that_never_joins_times_out_create)
+{
+    struct env e;
+    s_load (&e, NULL);
+    pid_t pid = fork ();
+    if (pid == 0) _exit (s_expect_create_timeout (&e, 1, 3, "rank(s) 2 did not join within 0.5 s"));
+    int st = 0;
+    cr_assert_eq (s_expect_create_timeout (&e, 0, 3, "rank(s) 2 did not join within 0.5 s"), 0);
+    waitpid (pid, &st, 0);
+    cr_assert (WIFEXITED (st) && WEXITSTATUS (st) == 0, "rank 1 failed");
+    s_assert_no_segment (&e);
+    /* rank 0 never comes */
+    cr_assert_eq (s_expect_create_timeout (&e, 1, 2, "rank 0 did not create segment /radix-"), 0);
+    s_close (&e);
+}
+
+static int s_dies_rank (struct env *e, void *c, int rank, int n, void *ud)
+{
+    struct rx_err err = { 0 };
+    float x[4] = { 1, 2, 3, 4 };
+    CHECK_OK (e->ops->all_reduce (c, NULL, x, x, 4, RX_F32, RX_COMM_SUM, &e_));
+    if (rank == 1) _exit (0);                  /* dies without leaving: no destroy */
+    double t0 = s_now ();
+    int rc = e->ops->all_reduce (c, NULL, x, x, 4, RX_F32, RX_COMM_SUM, &err);
+    double dt = s_now () - t0;
+    CHECK (rc == RX_EIO, "all_reduce with a dead peer -> %d (%s)", rc, err.msg);
+    CHECK (strstr (err.msg, "rank 1 (pid ") && strstr (err.msg, "is gone"), "%s", err.msg);
+    CHECK (dt < 5, "noticing took %.2f s", dt);
+    /* broken: later calls fail at once with the same reason */
+    struct rx_err e2 = { 0 };
+    CHECK (e->ops->barrier (c, NULL, &e2) == RX_EIO, "barrier after break");
+    CHECK (strcmp (e2.msg, err.msg) == 0, "%s vs %s", e2.msg, err.msg);
+    CHECK (e->ops->check (c, &e2) == RX_EIO && strstr (e2.msg, "is gone"), "check: %s", e2.msg);
+    return 0;
+}
+
+Test (comm_shm, dead_peer_fails_fast_not_hangs)
+{
+    struct env e;
+    s_load (&e, NULL);
+    s_run_ranks (&e, 2, 30, s_dies_rank, NULL);
+    s_close (&e);
+}
+
+static int s_stuck_rank (struct env *e, void *c, int rank, int n, void *ud)
+{
+    struct rx_err err = { 0 };
+    float x[4] = { 1, 2, 3, 4 };
+    CHECK_OK (e->ops->all_reduce (c, NULL, x, x, 4, RX_F32, RX_COMM_SUM, &e_));
+    if (rank == 1) {
+        usleep (1500000);                      /* stuck past the peer's timeout */
+        double t0 = s_now ();
+        int rc = e->ops->all_reduce (c, NULL, x, x, 4, RX_F32, RX_COMM_SUM, &err);
+        CHECK (rc == RX_ETIMEDOUT, "late rank's all_reduce -> %d (%s)", rc, err.msg);
+        CHECK (s_now () - t0 < 0.45, "late rank waited (the group was already broken)");
+        CHECK (strstr (err.msg, "rank 1 did not reach all_reduce #2 within 0.5 s"), "%s", err.msg);
+        return 0;
+    }
+    double t0 = s_now ();
+    int rc = e->ops->all_reduce (c, NULL, x, x, 4, RX_F32, RX_COMM_SUM, &err);
+    double dt = s_now () - t0;
+    CHECK (rc == RX_ETIMEDOUT, "all_reduce with a stuck peer -> %d (%s)", rc, err.msg);
+    CHECK (strstr (err.msg, "rank 1 did not reach all_reduce #2 within 0.5 s"), "%s", err.msg);
+    CHECK (dt > 0.45 && dt < 3, "timing out took %.2f s", dt);
+    return 0;
+}
+
+Test (comm_shm, stuck_peer_times_out_and_breaks_the_group)
+{
+    struct env e;
+    s_load (&e, NULL);
+    s_run_ranks (&e, 2, 0.5, s_stuck_rank, NULL);
+    s_close (&e);
+}
+
+static int s_leaves_rank (struct env *e, void *c, int rank, int n, void *ud)
+{
+    struct rx_err err = { 0 };
+    if (rank == 1) return 0;                   /* destroys at once */
+    int rc = e->ops->barrier (c, NULL, &err);
+    rc = rc ? rc : e->ops->barrier (c, NULL, &err);
+    CHECK (rc == RX_EIO, "barrier with a departed peer -> %d (%s)", rc, err.msg);
+    CHECK (strstr (err.msg, "rank 1 left the group"), "%s", err.msg);
+    return 0;
+}
+
+Test (comm_shm, peer_that_left_fails_the_next_collective)
+{
+    struct env e;
+    s_load (&e, NULL);
+    s_run_ranks (&e, 2, 30, s_leaves_rank, NULL);
+    s_close (&e);
+}
+
+static int s_mismatch_rank (struct env *e, void *c, int rank, int n, void *ud)
+{
+    struct rx_err err = { 0 };
+    float x[16] = { 0 };
+    int rc = e->ops->all_reduce (c, NULL, x, x, rank == 0 ? 8 : 9, RX_F32, RX_COMM_SUM, &err);
+    CHECK (rc == RX_EINVAL, "mismatched all_reduce -> %d (%s)", rc, err.msg);
+    CHECK (strstr (err.msg, "count 9") && strstr (err.msg, "count 8"), "%s", err.msg);
+    return 0;
+}
+
+static int s_a2a_mismatch_rank (struct env *e, void *c, int rank, int n, void *ud)
+{
+    struct rx_err err = { 0 };
+    int32_t buf[16] = { 0 }, out[16];
+    size_t sc[2] = { 2, 2 }, d[2] = { 0, 4 }, rc2[2] = { 2, rank == 0 ? 3 : 2 };
+    int rc = e->ops->all_to_all_v (c, NULL, buf, sc, d, out, rc2, d, RX_I32, &err);
+    if (rank == 0) {
+        CHECK (rc == RX_EINVAL, "a2a mismatch -> %d (%s)", rc, err.msg);
+        CHECK (strstr (err.msg, "rank 1 sends 2 elements to rank 0, which expects 3"), "%s", err.msg);
+    } else {
+        CHECK (rc == RX_EINVAL, "a2a mismatch on rank 1 -> %d (%s)", rc, err.msg);
+    }
+    return 0;
+}
+
+Test (comm_shm, mismatched_calls_fail_on_every_rank)
+{
+    struct env e;
+    s_load (&e, NULL);
+    s_run_ranks (&e, 2, 5, s_mismatch_rank, NULL);
+    s_close (&e);
+    s_load (&e, NULL);
+    s_run_ranks (&e, 2, 5, s_a2a_mismatch_rank, NULL);
+    s_close (&e);
+}
+
+Test (comm_shm, bad_params)
+{
+    struct env e;
+    s_load (&e, NULL);
+    struct rx_err err = { 0 };
+    void *c = (void *) 1;
+    struct rx_comm_params p = { .struct_size = sizeof p, .rank = 2, .n_rank = 2, .group = e.group,
+                                .timeout_s = 1 };
+    cr_assert_eq (e.ops->create (e.host, &p, &c, &err), RX_EINVAL);
+    cr_assert_null (c);
+    cr_assert (strstr (err.msg, "rank 2 is out of range (0..1)"), "%s", err.msg);
+    p.rank = 0;
+    p.n_rank = 0;
+    cr_assert_eq (e.ops->create (e.host, &p, &c, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "n_rank 0"), "%s", err.msg);
+    p.n_rank = 2;
+    p.group = "a/b";
+    cr_assert_eq (e.ops->create (e.host, &p, &c, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "bad character"), "%s", err.msg);
+    p.group = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";   /* 65 */
+    cr_assert_eq (e.ops->create (e.host, &p, &c, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "1..64 characters"), "%s", err.msg);
+    p.group = NULL;
+    cr_assert_eq (e.ops->create (e.host, &p, &c, &err), RX_EINVAL);
+    p.group = e.group;
+    p.timeout_s = -1;
+    cr_assert_eq (e.ops->create (e.host, &p, &c, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "timeout_s"), "%s", err.msg);
+    p.struct_size = 8;
+    cr_assert_eq (e.ops->create (e.host, &p, &c, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "too short"), "%s", err.msg);
+
+    /* bad collective arguments on a one-rank group: each breaks it */
+    const char *want[] = { "dtype q4_0 (2) is not supported", "unknown reduction 7",
+                           "root 1 is out of range", "NULL buffer", "NULL counts" };
+    for (int i = 0; i < 5; i++) {
+        p = (struct rx_comm_params) { .struct_size = sizeof p, .rank = 0, .n_rank = 1,
+                                      .group = e.group, .timeout_s = 1 };
+        cr_assert_eq (e.ops->create (e.host, &p, &c, &err), RX_OK, "%s", err.msg);
+        float x[4] = { 0 };
+        int rc;
+        switch (i) {
+        case 0: rc = e.ops->all_reduce (c, NULL, x, x, 4, RX_Q4_0, RX_COMM_SUM, &err); break;
+        case 1: rc = e.ops->all_reduce (c, NULL, x, x, 4, RX_F32, 7, &err); break;
+        case 2: rc = e.ops->broadcast (c, NULL, x, 4, RX_F32, 1, &err); break;
+        case 3: rc = e.ops->all_gather (c, NULL, NULL, x, 4, RX_F32, &err); break;
+        default: rc = e.ops->all_to_all_v (c, NULL, x, NULL, NULL, x, NULL, NULL, RX_F32, &err); break;
+        }
+        cr_assert_eq (rc, RX_EINVAL, "case %d", i);
+        cr_assert (strstr (err.msg, want[i]), "case %d: %s", i, err.msg);
+        cr_assert (strstr (err.msg, e.group), "case %d: %s", i, err.msg);
+        struct rx_err e2 = { 0 };
+        cr_assert_eq (e.ops->barrier (c, NULL, &e2), RX_EINVAL, "broken group must fail at once");
+        cr_assert_str_eq (e2.msg, err.msg);
+        cr_assert_eq (e.ops->check (c, &e2), RX_EINVAL);
+        e.ops->destroy (c);
+        s_assert_no_segment (&e);
+    }
+    e.ops->destroy (NULL);
+    s_close (&e);
+}
+
+static int s_barrier_rank (struct env *e, void *c, int rank, int n, void *ud)
+{
+    struct rx_err err = { 0 };
+    int rc = e->ops->barrier (c, NULL, &err);
+    CHECK (rc == RX_OK, "barrier: %s", err.msg);
+    return 0;
+}
+
+Test (comm_shm, stale_segment_is_replaced)
+{
+    struct env e;
+    s_load (&e, NULL);
+    char path[128];
+    snprintf (path, sizeof path, "/dev/shm/radix-%s", e.group);
+    FILE *f = fopen (path, "w");
+    cr_assert_not_null (f, "%s: %s", path, strerror (errno));
+    fputs ("junk left by a crashed run", f);
+    fclose (f);
+    s_run_ranks (&e, 3, 10, s_barrier_rank, NULL);
+    s_close (&e);
+}
