@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include <radix/attn.h>
+#include <radix/comm.h>
 #include <radix/kernel.h>
 #include <radix/model.h>
 
@@ -32,6 +33,13 @@ struct rx_engine {
     const struct rx_model_ops *M;
     void *model;
     struct rx_model_info info;
+
+    /* tensor parallelism (tp_size > 1) */
+    int32_t tp_rank, tp_size;
+    rx_plugin_t *comm_p;
+    const struct rx_comm_ops *C;
+    void *comm;
+    int tp_agreed;                /* the ranks exchanged their KV pool sizes */
 
     int64_t n_slots;
     int32_t max_tokens;
@@ -271,6 +279,69 @@ char *rx_engine_model_path (const struct rx_boot *b, const char *path)
     return r;
 }
 
+static int s_check_comm_ops (rx_plugin_t *p, struct rx_err *err)
+{
+    const struct rx_comm_ops *c = rx_plugin_ops (p);
+    if (c->struct_size < RX_COMM_OPS_SIZE_1_0 || !c->create || !c->destroy || !c->all_reduce
+        || !c->all_gather || !c->reduce_scatter || !c->all_to_all_v || !c->broadcast
+        || !c->barrier || !c->start || !c->wait)
+        return rx_err_set (err, RX_EABI, "%s: comm plugin lacks a required member (ABI 1.0)",
+                           rx_plugin_path (p));
+    return RX_OK;
+}
+
+/* Load the comm plugin and join the group: opts->comm, else [parallel]
+ * comm (default "shm"). */
+static int s_comm_open (rx_engine_t *e, struct rx_boot *b, const struct rx_engine_opts *o,
+                        struct rx_err *err)
+{
+    const char *name = o->comm ? o->comm : rx_conf_str (b->conf, "parallel", "comm", "shm");
+    if (o->tp_rank < 0 || o->tp_rank >= o->tp_size)
+        return rx_err_set (err, RX_EINVAL, "engine: tensor-parallel rank %d is outside 0 .. %d",
+                           o->tp_rank, o->tp_size - 1);
+    if (!o->comm_group || !*o->comm_group)
+        return rx_err_set (err, RX_EINVAL, "engine: tensor parallelism (tp %d) needs a comm group name",
+                           o->tp_size);
+    struct rx_err perr = { 0 };
+    int rc = rx_loader_find (b->loader, RX_KIND_COMM, name, &e->comm_p, &perr);
+    if (rc != RX_OK) {
+        e->comm_p = NULL;
+        return rx_err_set (err, rc, "[parallel] comm = %s: %s", name, perr.msg);
+    }
+    if ((rc = rx_plugin_init (e->comm_p, b->conf, err)) != RX_OK) return rc;
+    if ((rc = s_check_comm_ops (e->comm_p, err)) != RX_OK) return rc;
+    e->C = rx_plugin_ops (e->comm_p);
+    struct rx_comm_params cp = {
+        .struct_size = sizeof cp, .rank = o->tp_rank, .n_rank = o->tp_size, .device = 0,
+        .group = o->comm_group, .bootstrap = o->comm_bootstrap,
+        .timeout_s = o->comm_timeout_s > 0 ? o->comm_timeout_s : 60.0,
+        .kops = e->K, .kbe = e->be,
+    };
+    if ((rc = e->C->create (rx_plugin_host (e->comm_p), &cp, &e->comm, err)) != RX_OK) {
+        e->comm = NULL;
+        return rc;
+    }
+    e->tp_rank = o->tp_rank;
+    e->tp_size = o->tp_size;
+    return RX_OK;
+}
+
+/* *v = the smallest *v of every rank (through a device buffer: collectives
+ * take the kernel backend's memory). */
+static int s_comm_min_i64 (rx_engine_t *e, int64_t *v, struct rx_err *err)
+{
+    void *d;
+    int rc = e->K->alloc (e->be, sizeof *v, 0, &d, err);
+    if (rc != RX_OK) return rc;
+    rc = e->K->copy_h2d (e->be, NULL, d, v, sizeof *v, err);
+    if (rc == RX_OK) rc = e->C->all_reduce (e->comm, NULL, d, d, 1, RX_I64, RX_COMM_MIN, err);
+    if (rc == RX_OK) rc = e->K->copy_d2h (e->be, NULL, v, d, sizeof *v, err);
+    if (rc == RX_OK) rc = e->K->synchronize (e->be, NULL, err);
+    e->K->synchronize (e->be, NULL, NULL);
+    e->K->free_ (e->be, d);
+    return rc;
+}
+
 /* "1.5 GiB", "12.0 MiB", "512 B": for the KV sizing messages. */
 static const char *s_bytes_str (uint64_t b, char *buf, size_t cap)
 {
@@ -381,6 +452,11 @@ rx_engine_t *rx_engine_new (struct rx_boot *b, const struct rx_engine_opts *o, s
     struct rx_kernels_info ki = { .struct_size = sizeof ki };
     e->K->info (e->be, &ki);
 
+    /* The tensor-parallel group: joined before the model, which reduces
+     * through it. */
+    e->tp_size = 1;
+    if (o && o->tp_size > 1 && (rc = s_comm_open (e, b, o, err)) != RX_OK) goto fail;
+
     /* The model. */
     e->src = (struct rx_model_src) {
         .struct_size = sizeof e->src, .ctx = e->gguf, .path = rx_gguf_path (e->gguf),
@@ -390,7 +466,8 @@ rx_engine_t *rx_engine_new (struct rx_boot *b, const struct rx_engine_opts *o, s
     };
     struct rx_model_env env = {
         .struct_size = sizeof env, .k = { e->K, e->be, NULL }, .attn = rx_plugin_ops (e->attn_p),
-        .attn_host = rx_plugin_host (e->attn_p), .kv_dtype = kv_dtype, .rank = 0, .n_rank = 1,
+        .attn_host = rx_plugin_host (e->attn_p), .kv_dtype = kv_dtype,
+        .rank = e->tp_rank, .n_rank = e->tp_size, .comm = e->C, .comm_inst = e->comm,
     };
     if ((rc = e->M->create (rx_plugin_host (e->model_p), &e->src, &env, &e->model, err)) != RX_OK) {
         e->model = NULL;
@@ -407,8 +484,26 @@ rx_engine_t *rx_engine_new (struct rx_boot *b, const struct rx_engine_opts *o, s
     /* KV pool and scratch. */
     int64_t ctx = e->info.n_ctx_train > 0 ? e->info.n_ctx_train : 4096;
     e->n_slots = o && o->n_slots > 0 ? o->n_slots : (ctx < 4096 ? ctx : 4096);
+    if (o && o->kv_bytes && (rc = s_kv_slots (e, o, ctx, err)) != RX_OK) goto fail;
+    if (e->tp_size > 1) {
+        /* Every rank must end with the same pool (the peer schedulers size
+         * their caches from it), but KV bytes per token differ between
+         * ranks when the heads split unevenly: take the smallest.  A rank
+         * that failed before here sends -1 (see fail:), so the others stop
+         * too instead of waiting for the timeout. */
+        int64_t mine = e->n_slots;
+        e->tp_agreed = 1;
+        if ((rc = s_comm_min_i64 (e, &e->n_slots, err)) != RX_OK) goto fail;
+        if (e->n_slots < 0) {
+            rc = rx_err_set (err, RX_EIO, "engine: tp rank %d: another rank of the group failed to load %s (see its log)",
+                             e->tp_rank, rx_gguf_path (e->gguf));
+            goto fail;
+        }
+        if (e->n_slots != mine)
+            rx_log (RX_LOG_DEBUG, "engine: tp rank %d: KV pool %lld slots (the group's smallest; this rank could hold %lld)",
+                    e->tp_rank, (long long) e->n_slots, (long long) mine);
+    }
     if (o && o->kv_bytes) {
-        if ((rc = s_kv_slots (e, o, ctx, err)) != RX_OK) goto fail;
         /* At most half the pool per step, so a step never needs all of it. */
         e->max_tokens = o->max_tokens > 0 ? o->max_tokens
                         : (int32_t) (e->n_slots / 2 < 512 ? e->n_slots / 2 : 512);
@@ -417,15 +512,26 @@ rx_engine_t *rx_engine_new (struct rx_boot *b, const struct rx_engine_opts *o, s
                         : (int32_t) (e->n_slots < 512 ? e->n_slots : 512);
     if ((rc = e->M->reserve (e->model, (uint64_t) e->n_slots, e->max_tokens, err)) != RX_OK) goto fail;
 
-    snprintf (e->desc, sizeof e->desc, "%s: model-%s (%s), kernels-%s [%s], attn-%s, KV %lld slots x %llu B",
+    char tp[96] = "";
+    if (e->tp_size > 1)
+        snprintf (tp, sizeof tp, ", tp %d (rank %d, comm %s)", e->tp_size, e->tp_rank,
+                  rx_plugin_desc (e->comm_p)->name);
+    snprintf (e->desc, sizeof e->desc, "%s: model-%s (%s), kernels-%s [%s], attn-%s, KV %lld slots x %llu B%s",
               rx_gguf_path (e->gguf), rx_plugin_desc (e->model_p)->name, e->arch,
               rx_plugin_desc (e->kern_p)->name, ki.device, rx_plugin_desc (e->attn_p)->name,
-              (long long) e->n_slots, (unsigned long long) e->info.kv_bytes_per_token);
+              (long long) e->n_slots, (unsigned long long) e->info.kv_bytes_per_token, tp);
     rx_log (RX_LOG_DEBUG, "engine: %s", e->desc);
     return e;
 
 fail:
     if (rc == RX_OK && err && err->code == RX_OK) rx_err_set (err, RX_EINTERNAL, "engine: failed");
+    if (e->comm && !e->tp_agreed) {
+        /* Tell the ranks waiting at the KV agreement that this one failed. */
+        int64_t failed = -1;
+        struct rx_err ignored = { 0 };
+        e->tp_agreed = 1;
+        s_comm_min_i64 (e, &failed, &ignored);
+    }
     rx_engine_destroy (&e);
     return NULL;
 }
@@ -437,6 +543,9 @@ void rx_engine_destroy (rx_engine_t **self_p)
     if (e->be) e->K->synchronize (e->be, NULL, NULL);
     if (e->model) e->M->destroy (e->model);
     if (e->d_logits) e->K->free_ (e->be, e->d_logits);
+    /* After the model (it reduces through the group), before the kernel
+     * backend (the instance borrows it). */
+    if (e->comm) e->C->destroy (e->comm);
     if (e->be) e->K->destroy (e->be);
     rx_gguf_close (&e->gguf);
     free (e->seqs);
@@ -450,6 +559,8 @@ const rx_gguf_t *rx_engine_gguf (const rx_engine_t *e) { return e->gguf; }
 int64_t rx_engine_n_slots (const rx_engine_t *e) { return e->n_slots; }
 int32_t rx_engine_max_tokens (const rx_engine_t *e) { return e->max_tokens; }
 const char *rx_engine_describe (const rx_engine_t *e) { return e->desc; }
+int32_t rx_engine_tp_rank (const rx_engine_t *e) { return e->tp_rank; }
+int32_t rx_engine_tp_size (const rx_engine_t *e) { return e->tp_size; }
 
 /* ----------------------------------------------------------- sequences -- */
 

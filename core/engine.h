@@ -43,13 +43,30 @@ struct rx_engine_opts {
                                  RX_ENGINE_MIN_KV_TOKENS, or than 2 x an explicit
                                  max_tokens, is an error naming [cache] kv_memory.
                                  0: n_slots as above. */
+    /* Tensor parallelism: with tp_size > 1 this engine is rank tp_rank of a
+     * group of tp_size engines (one per process, each with its own kernel
+     * backend) that run the same steps; the model splits its heads and FFN
+     * columns over them and all-reduces through the comm plugin, so every
+     * rank ends each step with the same logits.  Every rank must make the
+     * same calls in the same order (rx_engine_new included: it joins the
+     * group and agrees on the KV pool size with the others). */
+    int32_t     tp_rank;        /* this process's rank in its tensor-parallel group (0) */
+    int32_t     tp_size;        /* ranks in the group; 0 or 1 = no TP */
+    const char *comm;           /* comm plugin name ("shm", "zmq", "nccl"); NULL: [parallel] comm, default "shm" */
+    const char *comm_group;     /* unique group name for the comm plugin (rx_comm_params.group) */
+    const char *comm_bootstrap; /* ZMQ endpoint for the comm plugin's set-up (rx_comm_params.bootstrap) */
+    double      comm_timeout_s; /* collective timeout; 0: 60 */
 };
 
 /* The smallest KV pool kv_bytes may give (tokens). */
 #define RX_ENGINE_MIN_KV_TOKENS 64
 
 /* Errors: one line naming the file, plugin or key that is wrong.  Caller
- * owns the result; release with rx_engine_destroy. */
+ * owns the result; release with rx_engine_destroy.  With tp_size > 1 it
+ * blocks until every rank of the group has joined (comm_timeout_s), and the
+ * pool is the smallest n_slots of any rank (ranks may hold different KV
+ * bytes per token when the heads do not split evenly; their schedulers
+ * must agree on the pool). */
 rx_engine_t *rx_engine_new (struct rx_boot *boot, const struct rx_engine_opts *o,
                             struct rx_err *err);
 void rx_engine_destroy (rx_engine_t **self_p);
@@ -65,7 +82,11 @@ const struct rx_model_info *rx_engine_info (const rx_engine_t *e);
 const rx_gguf_t *rx_engine_gguf (const rx_engine_t *e);
 int64_t rx_engine_n_slots (const rx_engine_t *e);
 int32_t rx_engine_max_tokens (const rx_engine_t *e);
-/* "model-llama (llama) on kernels-cpu [device], attn-mha": for logs. */
+/* Tensor-parallel rank and size (0 and 1 without tensor parallelism). */
+int32_t rx_engine_tp_rank (const rx_engine_t *e);
+int32_t rx_engine_tp_size (const rx_engine_t *e);
+/* "model-llama (llama) on kernels-cpu [device], attn-mha" (and "tp 2
+ * (rank 0, comm shm)" with tensor parallelism): for logs. */
 const char *rx_engine_describe (const rx_engine_t *e);
 
 /* A sequence with room for `capacity` tokens of KV (contiguous slots).

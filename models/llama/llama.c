@@ -11,6 +11,20 @@
  *     x += (silu(h Wgate^T) * h Wup^T) Wdown^T
  * then logits = (rms_norm(x) * output_norm) Wout^T for the rows asked for.
  *
+ * Tensor parallelism (env->n_rank > 1): rank r of N runs KV heads
+ * [r*Hkv/N, (r+1)*Hkv/N) (an integer split, uneven when N does not divide
+ * Hkv) and the query heads that read them, and FFN columns
+ * [r*F/N, (r+1)*F/N) rounded to ffn_down's quant block.  Wq/Wk/Wv (and
+ * their biases) and Wgate/Wup are column-parallel: this rank's rows of the
+ * GGUF matrix are a pointer into the mapping (zero copy).  Wo and Wdown are
+ * row-parallel: this rank's columns of every row are packed into a host
+ * copy (block-aligned in the quant type, else RX_ENOTSUP), and their
+ * partial outputs are all-reduced (SUM) through env->comm before the
+ * residual add, which happens once, after the reduction.  Embeddings, norms
+ * and the LM head are replicated: every rank computes the full logits, so
+ * no gather is needed and all ranks sample the same tokens (the reduction
+ * is bitwise identical on every rank).
+ *
  * Every computation is a kernel-backend op (radix/kernel.h); this file only
  * reads hyper-parameters, loads weight handles, checks the batch and keeps
  * buffers.  Scratch is sized once by reserve(): forward() allocates nothing
@@ -37,6 +51,14 @@ struct ll_layer {
     rx_kweight_t *w_gate, *w_up, *w_down;
 };
 
+/* This rank's share of the heads and FFN columns (everything when n_rank
+ * is 1). */
+struct ll_split {
+    int32_t kv0, kv1;              /* KV heads [kv0, kv1) */
+    int32_t q0, q1;                /* query heads [q0, q1) */
+    int32_t f0, f1;                /* FFN columns [f0, f1) */
+};
+
 struct ll_model {
     const struct rx_host *host;
     struct rx_kctx k;
@@ -48,7 +70,14 @@ struct ll_model {
 
     /* hyper-parameters */
     int32_t n_vocab, n_ctx_train, n_layer, n_embd, n_ff;
-    int32_t n_head, n_kv_head, hd_k, hd_v;
+    int32_t n_head, n_kv_head, hd_k, hd_v;       /* n_ff, n_head, n_kv_head: this rank's */
+    int32_t n_ff_all, n_head_all, n_kv_head_all; /* the whole model's */
+
+    /* tensor parallelism */
+    int32_t rank, n_rank;
+    const struct rx_comm_ops *comm;
+    void *comm_inst;
+    struct ll_split sp;
     float eps;
     struct rx_rope_params rope;
 
@@ -58,6 +87,10 @@ struct ll_model {
     struct ll_layer *layers;
     rx_kweight_t **owned;                        /* every handle we loaded */
     size_t n_owned, cap_owned;
+    /* Packed host copies of row-parallel slices: weight_load may keep the
+     * pointer, so they live until destroy (after the handles are freed). */
+    void **copies;
+    size_t n_copies, cap_copies;
     uint64_t weight_bytes, n_params;
 
     /* reserve() */
@@ -117,6 +150,83 @@ static int s_key_f32 (struct ll_model *m, const struct rx_model_src *src, const 
     return RX_OK;
 }
 
+/* Append p to a grow-only pointer array of the model's host heap. */
+static int s_push (struct ll_model *m, void ***arr, size_t *n, size_t *cap, void *p,
+                   struct rx_err *err)
+{
+    if (*n == *cap) {
+        size_t nc = *cap ? *cap * 2 : 64;
+        void **na = s_zalloc (m->host, nc * sizeof *na);
+        if (!na) return rx_err_set (err, RX_ENOMEM, "model-llama: out of memory");
+        if (*arr) {
+            memcpy (na, *arr, *n * sizeof *na);
+            m->host->free_ (m->host, *arr);
+        }
+        *arr = na;
+        *cap = nc;
+    }
+    (*arr)[(*n)++] = p;
+    return RX_OK;
+}
+
+/* The view of tensor `name`, its shape checked to be [ne0, ne1] (ne1 = 0:
+ * a 1-D tensor).  RX_ENOENT (err untouched) when optional and absent. */
+static int s_view (const struct rx_model_src *src, const char *name, int64_t ne0, int64_t ne1,
+                   int optional, struct rx_weight_view *v, struct rx_err *err)
+{
+    memset (v, 0, sizeof *v);
+    int rc = src->tensor (src, name, v);
+    if (rc == RX_ENOENT && optional) return RX_ENOENT;
+    if (rc == RX_ENOENT)
+        return rx_err_set (err, RX_EFORMAT, "%s: model-llama: missing tensor %s", src->path, name);
+    if (rc != RX_OK)
+        return rx_err_set (err, RX_EFORMAT, "%s: model-llama: cannot read tensor %s (%s)",
+                           src->path, name, rx_status_name (rc));
+    int shape_ok = ne1 == 0 ? (v->ne[0] == (uint64_t) ne0 && v->ne[1] == 1 && v->ne[2] == 1 && v->ne[3] == 1)
+                            : (v->ne[0] == (uint64_t) ne0 && v->ne[1] == (uint64_t) ne1
+                               && v->ne[2] == 1 && v->ne[3] == 1);
+    if (!shape_ok) {
+        if (ne1 == 0)
+            return rx_err_set (err, RX_EFORMAT,
+                               "%s: model-llama: tensor %s has shape [%llu,%llu,%llu], expected [%lld]",
+                               src->path, name, (unsigned long long) v->ne[0],
+                               (unsigned long long) v->ne[1], (unsigned long long) v->ne[2],
+                               (long long) ne0);
+        return rx_err_set (err, RX_EFORMAT,
+                           "%s: model-llama: tensor %s has shape [%llu,%llu,%llu], expected [%lld,%lld]",
+                           src->path, name, (unsigned long long) v->ne[0],
+                           (unsigned long long) v->ne[1], (unsigned long long) v->ne[2],
+                           (long long) ne0, (long long) ne1);
+    }
+    if (rx_dtype_row_bytes (v->dtype, (size_t) v->ne[0]) == 0)
+        return rx_err_set (err, RX_EFORMAT, "%s: model-llama: tensor %s: %llu columns are not whole %s blocks",
+                           src->path, name, (unsigned long long) v->ne[0], rx_dtype_name (v->dtype));
+    return RX_OK;
+}
+
+/* weight_load v (the whole tensor or this rank's slice of it). */
+static int s_load (struct ll_model *m, const struct rx_model_src *src, const char *name,
+                   const struct rx_weight_view *v, rx_kweight_t **w, struct rx_err *err)
+{
+    *w = NULL;
+    int rc = m->k.ops->weight_load (m->k.be, v, w, err);
+    if (rc != RX_OK) {
+        char why[RX_ERR_MSG_MAX];
+        snprintf (why, sizeof why, "%s", err ? err->msg : "");
+        *w = NULL;
+        return rx_err_set (err, rc, "%s: model-llama: tensor %s (%s): %s", src->path, name,
+                           rx_dtype_name (v->dtype), why);
+    }
+    if ((rc = s_push (m, (void ***) &m->owned, &m->n_owned, &m->cap_owned, *w, err)) != RX_OK) {
+        m->k.ops->weight_free (m->k.be, *w);
+        *w = NULL;
+        return rc;
+    }
+    m->weight_bytes += v->nbytes;
+    m->n_params += v->ne[0] * v->ne[1] * v->ne[2] * v->ne[3];
+    return RX_OK;
+}
+
 /* Load tensor `name`, check its shape [ne0, ne1] (ne1 = 0: a 1-D tensor).
  * *w = NULL and RX_OK when optional and absent. */
 static int s_weight (struct ll_model *m, const struct rx_model_src *src, const char *name,
@@ -125,73 +235,99 @@ static int s_weight (struct ll_model *m, const struct rx_model_src *src, const c
 {
     *w = NULL;
     struct rx_weight_view v;
-    memset (&v, 0, sizeof v);
-    int rc = src->tensor (src, name, &v);
+    int rc = s_view (src, name, ne0, ne1, optional, &v, err);
     if (rc == RX_ENOENT && optional) return RX_OK;
-    if (rc == RX_ENOENT)
-        return rx_err_set (err, RX_EFORMAT, "%s: model-llama: missing tensor %s", src->path, name);
-    if (rc != RX_OK)
-        return rx_err_set (err, RX_EFORMAT, "%s: model-llama: cannot read tensor %s (%s)",
-                           src->path, name, rx_status_name (rc));
-    int shape_ok = ne1 == 0 ? (v.ne[0] == (uint64_t) ne0 && v.ne[1] == 1 && v.ne[2] == 1 && v.ne[3] == 1)
-                            : (v.ne[0] == (uint64_t) ne0 && v.ne[1] == (uint64_t) ne1
-                               && v.ne[2] == 1 && v.ne[3] == 1);
-    if (!shape_ok) {
-        if (ne1 == 0)
-            return rx_err_set (err, RX_EFORMAT,
-                               "%s: model-llama: tensor %s has shape [%llu,%llu,%llu], expected [%lld]",
-                               src->path, name, (unsigned long long) v.ne[0],
-                               (unsigned long long) v.ne[1], (unsigned long long) v.ne[2],
-                               (long long) ne0);
-        return rx_err_set (err, RX_EFORMAT,
-                           "%s: model-llama: tensor %s has shape [%llu,%llu,%llu], expected [%lld,%lld]",
-                           src->path, name, (unsigned long long) v.ne[0],
-                           (unsigned long long) v.ne[1], (unsigned long long) v.ne[2],
-                           (long long) ne0, (long long) ne1);
-    }
-    if (m->n_owned == m->cap_owned) {
-        size_t nc = m->cap_owned ? m->cap_owned * 2 : 64;
-        rx_kweight_t **no = s_zalloc (m->host, nc * sizeof *no);
-        if (!no) return rx_err_set (err, RX_ENOMEM, "model-llama: out of memory");
-        if (m->owned) {
-            memcpy (no, m->owned, m->n_owned * sizeof *no);
-            m->host->free_ (m->host, m->owned);
-        }
-        m->owned = no;
-        m->cap_owned = nc;
-    }
-    rc = m->k.ops->weight_load (m->k.be, &v, w, err);
-    if (rc != RX_OK) {
-        char why[RX_ERR_MSG_MAX];
-        snprintf (why, sizeof why, "%s", err ? err->msg : "");
-        *w = NULL;
-        return rx_err_set (err, rc, "%s: model-llama: tensor %s (%s): %s", src->path, name,
-                           rx_dtype_name (v.dtype), why);
-    }
-    m->owned[m->n_owned++] = *w;
-    m->weight_bytes += v.nbytes;
-    m->n_params += v.ne[0] * v.ne[1] * v.ne[2] * v.ne[3];
-    return RX_OK;
+    if (rc != RX_OK) return rc;
+    return s_load (m, src, name, &v, w, err);
 }
 
-/* A 1-D F32 vector (norm weight, bias) as a device pointer. */
-static int s_vector (struct ll_model *m, const struct rx_model_src *src, const char *name,
-                     int64_t n, int optional, const float **out, struct rx_err *err)
+/* Column-parallel: rows [r0, r1) of the [ne0, ne1] matrix `name` -- a
+ * pointer into the mapping, no copy. */
+static int s_weight_rows (struct ll_model *m, const struct rx_model_src *src, const char *name,
+                          int64_t ne0, int64_t ne1, int64_t r0, int64_t r1, rx_kweight_t **w,
+                          struct rx_err *err)
+{
+    *w = NULL;
+    struct rx_weight_view v;
+    int rc = s_view (src, name, ne0, ne1, 0, &v, err);
+    if (rc != RX_OK) return rc;
+    size_t rb = rx_dtype_row_bytes (v.dtype, (size_t) v.ne[0]);
+    v.data = (const unsigned char *) v.data + (size_t) r0 * rb;
+    v.ne[1] = (uint64_t) (r1 - r0);
+    v.nbytes = (size_t) (r1 - r0) * rb;
+    return s_load (m, src, name, &v, w, err);
+}
+
+/* Row-parallel: columns [c0, c1) of every row of the [ne0, ne1] matrix
+ * `name`, packed into a host copy the model keeps.  The bounds must fall
+ * on the quant type's blocks. */
+static int s_weight_cols (struct ll_model *m, const struct rx_model_src *src, const char *name,
+                          int64_t ne0, int64_t ne1, int64_t c0, int64_t c1, rx_kweight_t **w,
+                          struct rx_err *err)
+{
+    *w = NULL;
+    struct rx_weight_view v;
+    int rc = s_view (src, name, ne0, ne1, 0, &v, err);
+    if (rc != RX_OK) return rc;
+    if (c0 == 0 && c1 == ne0) return s_load (m, src, name, &v, w, err);
+    size_t blk = rx_dtype_block (v.dtype);
+    if ((size_t) c0 % blk || (size_t) c1 % blk)
+        return rx_err_set (err, RX_ENOTSUP,
+                           "%s: model-llama: tensor parallelism: tensor %s (%s, blocks of %zu) cannot be split at columns %lld..%lld of %lld (rank %d of %d)",
+                           src->path, name, rx_dtype_name (v.dtype), blk, (long long) c0,
+                           (long long) c1, (long long) ne0, m->rank, m->n_rank);
+    size_t rb = rx_dtype_row_bytes (v.dtype, (size_t) ne0);
+    size_t off = (size_t) c0 / blk * rx_dtype_bytes (v.dtype);
+    size_t sb = (size_t) (c1 - c0) / blk * rx_dtype_bytes (v.dtype);
+    unsigned char *copy = m->host->alloc (m->host, sb * (size_t) ne1, 64);
+    if (!copy)
+        return rx_err_set (err, RX_ENOMEM, "model-llama: out of memory (slice of %s, %zu bytes)",
+                           name, sb * (size_t) ne1);
+    if ((rc = s_push (m, &m->copies, &m->n_copies, &m->cap_copies, copy, err)) != RX_OK) {
+        m->host->free_ (m->host, copy);
+        return rc;
+    }
+    const unsigned char *from = v.data;
+    for (int64_t r = 0; r < ne1; r++)
+        memcpy (copy + (size_t) r * sb, from + (size_t) r * rb + off, sb);
+    v.data = copy;
+    v.ne[0] = (uint64_t) (c1 - c0);
+    v.nbytes = sb * (size_t) ne1;
+    return s_load (m, src, name, &v, w, err);
+}
+
+/* A 1-D F32 vector (norm weight, bias) as a device pointer; elements
+ * [i0, i1) of it (i1 = 0: all n).  *out = NULL when optional and absent. */
+static int s_vector_part (struct ll_model *m, const struct rx_model_src *src, const char *name,
+                          int64_t n, int64_t i0, int64_t i1, int optional, const float **out,
+                          struct rx_err *err)
 {
     *out = NULL;
-    rx_kweight_t *w;
-    int rc = s_weight (m, src, name, n, 0, optional, &w, err);
-    if (rc != RX_OK || !w) return rc;
     struct rx_weight_view v;
-    src->tensor (src, name, &v);
+    int rc = s_view (src, name, n, 0, optional, &v, err);
+    if (rc == RX_ENOENT && optional) return RX_OK;
+    if (rc != RX_OK) return rc;
     if (v.dtype != RX_F32)
         return rx_err_set (err, RX_ENOTSUP, "%s: model-llama: tensor %s is %s, only f32 is supported for norms and biases",
                            src->path, name, rx_dtype_name (v.dtype));
+    if (i1 > 0) {
+        v.data = (const float *) v.data + i0;
+        v.ne[0] = (uint64_t) (i1 - i0);
+        v.nbytes = (size_t) (i1 - i0) * sizeof (float);
+    }
+    rx_kweight_t *w;
+    if ((rc = s_load (m, src, name, &v, &w, err)) != RX_OK) return rc;
     const void *p;
     rc = m->k.ops->weight_data (m->k.be, w, &p, err);
     if (rc != RX_OK) return rc;
     *out = p;
     return RX_OK;
+}
+
+static int s_vector (struct ll_model *m, const struct rx_model_src *src, const char *name,
+                     int64_t n, int optional, const float **out, struct rx_err *err)
+{
+    return s_vector_part (m, src, name, n, 0, 0, optional, out, err);
 }
 
 /* ------------------------------------------------------------ life cycle -- */
@@ -220,6 +356,9 @@ static void s_destroy (void *p)
     for (size_t i = 0; i < m->n_owned; i++)
         m->k.ops->weight_free (m->k.be, m->owned[i]);
     if (m->owned) m->host->free_ (m->host, m->owned);
+    for (size_t i = 0; i < m->n_copies; i++)
+        m->host->free_ (m->host, m->copies[i]);
+    if (m->copies) m->host->free_ (m->host, m->copies);
     if (m->layers) m->host->free_ (m->host, m->layers);
     m->host->free_ (m->host, m);
 }
@@ -352,27 +491,74 @@ static int s_weights (struct ll_model *m, const struct rx_model_src *src, struct
 
     m->layers = s_zalloc (m->host, (size_t) m->n_layer * sizeof *m->layers);
     if (!m->layers) return rx_err_set (err, RX_ENOMEM, "model-llama: out of memory");
-    const int64_t nq = (int64_t) m->n_head * m->hd_k, nk = (int64_t) m->n_kv_head * m->hd_k,
-                  nv_ = (int64_t) m->n_kv_head * m->hd_v, no = (int64_t) m->n_head * m->hd_v;
+    /* Whole-model widths (the file's shapes) and this rank's ranges in them. */
+    const struct ll_split *sp = &m->sp;
+    const int64_t E = m->n_embd, F = m->n_ff_all, hk = m->hd_k, hv = m->hd_v;
+    const int64_t nq = (int64_t) m->n_head_all * hk, nk = (int64_t) m->n_kv_head_all * hk,
+                  nv_ = (int64_t) m->n_kv_head_all * hv, no = (int64_t) m->n_head_all * hv;
+    const int64_t q0 = sp->q0 * hk, q1 = sp->q1 * hk, k0 = sp->kv0 * hk, k1 = sp->kv1 * hk,
+                  v0 = sp->kv0 * hv, v1 = sp->kv1 * hv, o0 = sp->q0 * hv, o1 = sp->q1 * hv;
     const int bias = m->kind == LL_QWEN2;   /* qwen2 has QKV biases; llama files may too */
     for (int32_t l = 0; l < m->n_layer; l++) {
         struct ll_layer *L = &m->layers[l];
         char n[96];
 #define LL_NAME(suffix) (snprintf (n, sizeof n, "blk.%d." suffix, (int) l), n)
-        if ((rc = s_vector (m, src, LL_NAME ("attn_norm.weight"), m->n_embd, 0, &L->attn_norm, err))) return rc;
-        if ((rc = s_weight (m, src, LL_NAME ("attn_q.weight"), m->n_embd, nq, 0, &L->wq, err))) return rc;
-        if ((rc = s_weight (m, src, LL_NAME ("attn_k.weight"), m->n_embd, nk, 0, &L->wk, err))) return rc;
-        if ((rc = s_weight (m, src, LL_NAME ("attn_v.weight"), m->n_embd, nv_, 0, &L->wv, err))) return rc;
-        if ((rc = s_vector (m, src, LL_NAME ("attn_q.bias"), nq, !bias, &L->bq, err))) return rc;
-        if ((rc = s_vector (m, src, LL_NAME ("attn_k.bias"), nk, !bias, &L->bk, err))) return rc;
-        if ((rc = s_vector (m, src, LL_NAME ("attn_v.bias"), nv_, !bias, &L->bv, err))) return rc;
-        if ((rc = s_weight (m, src, LL_NAME ("attn_output.weight"), no, m->n_embd, 0, &L->wo, err))) return rc;
-        if ((rc = s_vector (m, src, LL_NAME ("ffn_norm.weight"), m->n_embd, 0, &L->ffn_norm, err))) return rc;
-        if ((rc = s_weight (m, src, LL_NAME ("ffn_gate.weight"), m->n_embd, m->n_ff, 0, &L->w_gate, err))) return rc;
-        if ((rc = s_weight (m, src, LL_NAME ("ffn_up.weight"), m->n_embd, m->n_ff, 0, &L->w_up, err))) return rc;
-        if ((rc = s_weight (m, src, LL_NAME ("ffn_down.weight"), m->n_ff, m->n_embd, 0, &L->w_down, err))) return rc;
+        if ((rc = s_vector (m, src, LL_NAME ("attn_norm.weight"), E, 0, &L->attn_norm, err))) return rc;
+        if ((rc = s_weight_rows (m, src, LL_NAME ("attn_q.weight"), E, nq, q0, q1, &L->wq, err))) return rc;
+        if ((rc = s_weight_rows (m, src, LL_NAME ("attn_k.weight"), E, nk, k0, k1, &L->wk, err))) return rc;
+        if ((rc = s_weight_rows (m, src, LL_NAME ("attn_v.weight"), E, nv_, v0, v1, &L->wv, err))) return rc;
+        if ((rc = s_vector_part (m, src, LL_NAME ("attn_q.bias"), nq, q0, q1, !bias, &L->bq, err))) return rc;
+        if ((rc = s_vector_part (m, src, LL_NAME ("attn_k.bias"), nk, k0, k1, !bias, &L->bk, err))) return rc;
+        if ((rc = s_vector_part (m, src, LL_NAME ("attn_v.bias"), nv_, v0, v1, !bias, &L->bv, err))) return rc;
+        if ((rc = s_weight_cols (m, src, LL_NAME ("attn_output.weight"), no, E, o0, o1, &L->wo, err))) return rc;
+        if ((rc = s_vector (m, src, LL_NAME ("ffn_norm.weight"), E, 0, &L->ffn_norm, err))) return rc;
+        if ((rc = s_weight_rows (m, src, LL_NAME ("ffn_gate.weight"), E, F, sp->f0, sp->f1, &L->w_gate, err))) return rc;
+        if ((rc = s_weight_rows (m, src, LL_NAME ("ffn_up.weight"), E, F, sp->f0, sp->f1, &L->w_up, err))) return rc;
+        if ((rc = s_weight_cols (m, src, LL_NAME ("ffn_down.weight"), F, E, sp->f0, sp->f1, &L->w_down, err))) return rc;
 #undef LL_NAME
     }
+    return RX_OK;
+}
+
+/* This rank's heads and FFN columns (see the header comment); sets n_head,
+ * n_kv_head and n_ff to this rank's counts. */
+static int s_split (struct ll_model *m, const struct rx_model_src *src, struct rx_err *err)
+{
+    const int32_t N = m->n_rank, r = m->rank;
+    m->n_head_all = m->n_head;
+    m->n_kv_head_all = m->n_kv_head;
+    m->n_ff_all = m->n_ff;
+    struct ll_split *sp = &m->sp;
+    if (N > m->n_kv_head)
+        return rx_err_set (err, RX_ENOTSUP,
+                           "%s: model-llama: tensor parallelism over %d ranks needs at least %d KV heads; the model has %d (%s.attention.head_count_kv)",
+                           src->path, N, N, m->n_kv_head, m->arch);
+    const int32_t G = m->n_head / m->n_kv_head;
+    sp->kv0 = (int32_t) ((int64_t) r * m->n_kv_head / N);
+    sp->kv1 = (int32_t) ((int64_t) (r + 1) * m->n_kv_head / N);
+    sp->q0 = sp->kv0 * G;
+    sp->q1 = sp->kv1 * G;
+    /* FFN columns split on ffn_down's blocks (the largest block of any
+     * layer: block sizes 1, 32, 256 divide each other), so that its
+     * column slice can be packed. */
+    size_t blk = 1;
+    for (int32_t l = 0; l < m->n_layer && N > 1; l++) {
+        char n[96];
+        struct rx_weight_view v;
+        snprintf (n, sizeof n, "blk.%d.ffn_down.weight", (int) l);
+        if (src->tensor (src, n, &v) == RX_OK && rx_dtype_block (v.dtype) > blk)
+            blk = rx_dtype_block (v.dtype);
+    }
+    const int64_t nb = m->n_ff / (int64_t) blk;
+    if (nb < N)
+        return rx_err_set (err, RX_ENOTSUP,
+                           "%s: model-llama: tensor parallelism: n_ff %d in blocks of %zu (ffn_down) cannot be split over %d ranks",
+                           src->path, m->n_ff, blk, N);
+    sp->f0 = (int32_t) ((int64_t) r * nb / N * (int64_t) blk);
+    sp->f1 = r + 1 == N ? m->n_ff : (int32_t) ((int64_t) (r + 1) * nb / N * (int64_t) blk);
+    m->n_head = sp->q1 - sp->q0;
+    m->n_kv_head = sp->kv1 - sp->kv0;
+    m->n_ff = sp->f1 - sp->f0;
     return RX_OK;
 }
 
@@ -385,8 +571,12 @@ static int s_create (const struct rx_host *host, const struct rx_model_src *src,
     if (src->struct_size < offsetof (struct rx_model_src, tensor) + sizeof src->tensor
         || env->struct_size < offsetof (struct rx_model_env, n_rank) + sizeof env->n_rank)
         return rx_err_set (err, RX_EABI, "model-llama: create: source or environment struct too short");
-    if (env->n_rank != 1 || env->rank != 0)
-        return rx_err_set (err, RX_ENOTSUP, "model-llama: tensor parallelism (rank %d of %d) is not supported yet",
+    if (env->n_rank < 1 || env->rank < 0 || env->rank >= env->n_rank)
+        return rx_err_set (err, RX_EINVAL, "model-llama: create: rank %d of %d", env->rank, env->n_rank);
+    if (env->n_rank > 1
+        && (env->struct_size < offsetof (struct rx_model_env, comm_inst) + sizeof env->comm_inst
+            || !env->comm || !env->comm_inst || !env->comm->all_reduce))
+        return rx_err_set (err, RX_EINVAL, "model-llama: create: rank %d of %d without a comm instance",
                            env->rank, env->n_rank);
     const char *arch;
     size_t alen;
@@ -407,7 +597,14 @@ static int s_create (const struct rx_host *host, const struct rx_model_src *src,
     m->path = src->path;
     m->kind = kind;
     memcpy (m->arch, arch, alen);
+    m->rank = env->rank;
+    m->n_rank = env->n_rank;
+    if (m->n_rank > 1) {
+        m->comm = env->comm;
+        m->comm_inst = env->comm_inst;
+    }
     int rc = s_hparams (m, src, err);
+    if (rc == RX_OK) rc = s_split (m, src, err);
     if (rc == RX_OK) rc = s_weights (m, src, err);
     if (rc == RX_OK) {
         struct rx_attn_config c = {
@@ -422,9 +619,14 @@ static int s_create (const struct rx_host *host, const struct rx_model_src *src,
         s_destroy (m);
         return rc;
     }
+    if (m->n_rank > 1)
+        RX_HLOG (host, RX_LOG_DEBUG,
+                 "%s: tensor-parallel rank %d of %d: query heads %d..%d, KV heads %d..%d, FFN columns %d..%d",
+                 src->path, m->rank, m->n_rank, m->sp.q0, m->sp.q1 - 1, m->sp.kv0, m->sp.kv1 - 1,
+                 m->sp.f0, m->sp.f1 - 1);
     RX_HLOG (host, RX_LOG_DEBUG,
              "%s: %s, %d layers, n_embd %d, n_ff %d, heads %d/%d, head dim %d, vocab %d, rope %s n_rot %d base %g scale %g, %s embeddings",
-             src->path, m->arch, m->n_layer, m->n_embd, m->n_ff, m->n_head, m->n_kv_head, m->hd_k,
+             src->path, m->arch, m->n_layer, m->n_embd, m->n_ff_all, m->n_head_all, m->n_kv_head_all, m->hd_k,
              m->n_vocab, m->rope.mode == RX_ROPE_NEOX ? "neox" : "normal", m->rope.n_rot,
              (double) m->rope.freq_base, (double) m->rope.freq_scale,
              m->output == m->tok_embd ? "tied" : "separate");
@@ -575,6 +777,23 @@ static int s_check_batch (const struct ll_model *m, const struct rx_model_batch 
 
 #define LL_TRY(expr) do { int rc_ = (expr); if (rc_ != RX_OK) return rc_; } while (0)
 
+/* x += in W^T for a row-parallel W (attn_output, ffn_down).  With several
+ * ranks each holds a partial product: it goes to hout (free until the
+ * output rows are gathered), is summed over the ranks, then added to the
+ * residual once. */
+static int s_row_parallel (struct ll_model *m, const rx_kweight_t *w, const float *in,
+                           size_t ld_in, size_t nn, struct rx_err *err)
+{
+    const struct rx_kernels_ops *K = m->k.ops;
+    const size_t E = (size_t) m->n_embd;
+    if (m->n_rank == 1)
+        return K->matmul (m->k.be, m->k.stream, w, -1, in, ld_in, m->x, E, nn, RX_MM_ACCUMULATE, err);
+    LL_TRY (K->matmul (m->k.be, m->k.stream, w, -1, in, ld_in, m->hout, E, nn, 0, err));
+    LL_TRY (m->comm->all_reduce (m->comm_inst, m->k.stream, m->hout, m->hout, nn * E, RX_F32,
+                                 RX_COMM_SUM, err));
+    return K->add (m->k.be, m->k.stream, m->x, E, m->hout, E, m->x, E, nn, E, err);
+}
+
 static int s_forward (void *p, const struct rx_model_batch *b, struct rx_err *err)
 {
     struct ll_model *m = p;
@@ -636,12 +855,12 @@ static int s_forward (void *p, const struct rx_model_batch *b, struct rx_err *er
             .v = m->v, .ldv = vd, .out = m->att, .ldo = od,
         };
         LL_TRY (m->attn_ops->forward (m->attn, l, &ab, d_new, &io, err));
-        LL_TRY (K->matmul (be, st, L->wo, -1, m->att, od, m->x, E, nn, RX_MM_ACCUMULATE, err));
+        LL_TRY (s_row_parallel (m, L->wo, m->att, od, nn, err));
         LL_TRY (K->rms_norm (be, st, m->x, E, L->ffn_norm, m->h, E, nn, E, m->eps, err));
         LL_TRY (K->matmul (be, st, L->w_gate, -1, m->h, E, m->gate, F, nn, 0, err));
         LL_TRY (K->matmul (be, st, L->w_up, -1, m->h, E, m->up, F, nn, 0, err));
         LL_TRY (K->swiglu (be, st, m->gate, F, m->up, F, m->gate, F, nn, F, err));
-        LL_TRY (K->matmul (be, st, L->w_down, -1, m->gate, F, m->x, E, nn, RX_MM_ACCUMULATE, err));
+        LL_TRY (s_row_parallel (m, L->w_down, m->gate, F, nn, err));
         /* A long prefill is busy, not hung: tell radixd's watchdog. */
         if (RX_HAS (struct rx_host, m->host, progress)) m->host->progress (m->host);
     }

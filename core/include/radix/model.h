@@ -37,9 +37,11 @@
  * scheduler builds them on the host anyway; a CUDA plugin uploads them into
  * fixed buffers that a captured graph reads).
  *
- * Parallelism (later milestones): rx_model_env carries rank / n_rank now
- * (a plugin that cannot split refuses n_rank > 1 at create); the comm plugin
- * and MoE dispatcher are appended to the env when they land.
+ * Parallelism: rx_model_env carries rank / n_rank and the group's comm
+ * plugin (a plugin that cannot split refuses n_rank > 1 at create).  Every
+ * rank is given the same batches; each computes its share (heads, FFN
+ * columns) and the row-parallel outputs are all-reduced, so every rank ends
+ * with the same logits.  The MoE dispatcher is appended when it lands.
  *
  * Thread-safety: create/destroy from one thread; one instance is driven by
  * one thread at a time.  Ownership: the instance owns its weights (kernel
@@ -53,6 +55,7 @@
 #include <stdint.h>
 
 #include <radix/attn.h>
+#include <radix/comm.h>
 #include <radix/err.h>
 #include <radix/host.h>
 #include <radix/kernel.h>
@@ -100,7 +103,12 @@ struct rx_model_env {
     int32_t rank;                          /* tensor-parallel rank (0) */
     int32_t n_rank;                        /* tensor-parallel size (1) */
     int32_t reserved_;
-    /* ---- ABI 1.0 ends here.  Append only below (comm, MoE dispatcher). ---- */
+    /* The tensor-parallel group's comm plugin (radix/comm.h) and instance;
+     * NULL when n_rank == 1.  A plugin that splits across ranks reduces
+     * its row-parallel outputs with comm->all_reduce (comm_inst, ...). */
+    const struct rx_comm_ops *comm;
+    void *comm_inst;
+    /* ---- ABI 1.0 ends here.  Append only below (MoE dispatcher). ---- */
 };
 
 /* What the core needs to know about an instance. */
