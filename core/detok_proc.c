@@ -298,8 +298,15 @@ static int s_start (struct s_proc *p, struct rx_boot *boot, const char *run_dir)
 
 int rx_detok_proc_main (struct rx_boot *boot, const char *run_dir)
 {
+    return rx_detok_proc_main_n (boot, run_dir, 1);
+}
+
+int rx_detok_proc_main_n (struct rx_boot *boot, const char *run_dir, int n_upstream)
+{
     struct s_proc p;
     memset (&p, 0, sizeof p);
+    int n_shutdown = 0;
+    if (n_upstream < 1) n_upstream = 1;
     int status = s_start (&p, boot, run_dir);
     while (status == 0) {
         struct rx_ipc_msg m;
@@ -318,6 +325,14 @@ int rx_detok_proc_main (struct rx_boot *boot, const char *run_dir)
         if (m.type == RX_IPC_TOKENS)
             status = s_tokens (&p, &m.u.tokens);
         else if (m.type == RX_IPC_SHUTDOWN) {
+            /* Each upstream scheduler sends one as it stops; the others
+             * may still have TOKENS on the way. */
+            if (++n_shutdown < n_upstream) {
+                rx_log (RX_LOG_DEBUG, "detokenizer: %d of %d schedulers stopped", n_shutdown,
+                        n_upstream);
+                rx_ipc_msg_free (&m);
+                continue;
+            }
             rx_log (RX_LOG_INFO, "detokenizer: stopped (%zu requests unfinished)", p.n_state);
             rx_ipc_msg_free (&m);
             break;

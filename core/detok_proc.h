@@ -15,4 +15,11 @@
  * error level first) or when main is gone. */
 int rx_detok_proc_main (struct rx_boot *boot, const char *run_dir);
 
+/* The same with n_upstream schedulers PUSHing TOKENS to it (dp_size
+ * replicas' rank 0 each, core/dp_proc.h): it exits 0 only after the
+ * SHUTDOWN of the LAST of them (each sends one as it stops), so a replica
+ * that stops late still gets its final TOKENS rendered.  n_upstream < 1 is
+ * taken as 1.  rx_detok_proc_main is this with n_upstream 1. */
+int rx_detok_proc_main_n (struct rx_boot *boot, const char *run_dir, int n_upstream);
+
 #endif

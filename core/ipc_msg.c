@@ -27,6 +27,7 @@ const char *rx_ipc_type_name (int type)
     case RX_IPC_STATS:             return "STATS";
     case RX_IPC_SHUTDOWN:          return "SHUTDOWN";
     case RX_IPC_REQ_ERROR:         return "REQ_ERROR";
+    case RX_IPC_REQ_DONE:          return "REQ_DONE";
     default:                       return "?";
     }
 }
@@ -213,12 +214,16 @@ static int s_write (struct s_w *w, const struct rx_ipc_msg *m, struct rx_err *er
         break;
     }
     case RX_IPC_REQ_ABORT:
-        if (m->u.abort.n && !m->u.abort.rids)
-            return rx_err_set (err, RX_EINVAL, S_FMT "REQ_ABORT: %u rids but no array",
-                               m->u.abort.n);
-        s_u32 (w, m->u.abort.n);
-        for (uint32_t i = 0; i < m->u.abort.n; i++) s_u64 (w, m->u.abort.rids[i]);
+    case RX_IPC_REQ_DONE: {
+        /* One layout; u.done and u.abort are the same struct in the union. */
+        const struct rx_ipc_abort *a = m->type == RX_IPC_REQ_DONE ? &m->u.done : &m->u.abort;
+        if (a->n && !a->rids)
+            return rx_err_set (err, RX_EINVAL, S_FMT "%s: %u rids but no array",
+                               rx_ipc_type_name (m->type), a->n);
+        s_u32 (w, a->n);
+        for (uint32_t i = 0; i < a->n; i++) s_u64 (w, a->rids[i]);
         break;
+    }
     case RX_IPC_TOKENS: {
         const struct rx_ipc_tokens *t = &m->u.tokens;
         if (t->n && !t->out)
@@ -726,12 +731,14 @@ int rx_ipc_decode (const void *buf, size_t n, struct rx_ipc_msg *m, struct rx_er
     case RX_IPC_REQ_NEW:
         rc = s_read_req (&r, &m->u.req);
         break;
-    case RX_IPC_REQ_ABORT: {
+    case RX_IPC_REQ_ABORT:
+    case RX_IPC_REQ_DONE: {
+        struct rx_ipc_abort *a = ty == RX_IPC_REQ_DONE ? &m->u.done : &m->u.abort;
         uint32_t c;
         if ((rc = s_gu32 (&r, &c, "rid count")) < 0) break;
-        if ((rc = s_alloc (&r, c, 8, 8, (void **) &m->u.abort.rids, "rids")) < 0) break;
-        m->u.abort.n = c;
-        for (uint32_t i = 0; rc == RX_OK && i < c; i++) rc = s_gu64 (&r, &m->u.abort.rids[i], "rid");
+        if ((rc = s_alloc (&r, c, 8, 8, (void **) &a->rids, "rids")) < 0) break;
+        a->n = c;
+        for (uint32_t i = 0; rc == RX_OK && i < c; i++) rc = s_gu64 (&r, &a->rids[i], "rid");
         break;
     }
     case RX_IPC_TOKENS:
@@ -824,6 +831,9 @@ void rx_ipc_msg_free (struct rx_ipc_msg *m)
         break;
     case RX_IPC_REQ_ABORT:
         free (m->u.abort.rids);
+        break;
+    case RX_IPC_REQ_DONE:
+        free (m->u.done.rids);
         break;
     case RX_IPC_TOKENS:
         for (uint32_t i = 0; m->u.tokens.out && i < m->u.tokens.n; i++) {

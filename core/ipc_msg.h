@@ -1,7 +1,9 @@
 /* core/ipc_msg.h -- the binary messages radixd's processes exchange over ZMQ
  * (core/ipc.h): main -> scheduler (REQ_NEW, REQ_ABORT, control),
  * scheduler -> detokenizer (TOKENS), detokenizer -> main (TEXT), and the
- * scheduler's replies to main (REQ_ERROR, FLUSH_CACHE_REPLY, STATS).
+ * scheduler's replies to main (REQ_ERROR, FLUSH_CACHE_REPLY, STATS); with
+ * dp_size > 1 the DP controller (core/dp_proc.h) stands between main and
+ * the replicas' schedulers, which also tell it REQ_DONE.
  *
  * Wire format, version RX_IPC_VERSION (all integers little-endian, floats
  * as their IEEE-754 bit pattern in a u32):
@@ -41,9 +43,12 @@
  *                context_len, n_vocab, f32 new_token_ratio
  *   SHUTDOWN     u8 mode (enum rx_ipc_shutdown_mode), u32 deadline_ms
  *   REQ_ERROR    u64 rid, i32 status (enum rx_status, < 0), str message
+ *   REQ_DONE     u32 count, count x u64 rid      (the layout of REQ_ABORT)
  *
  * History: version 2 added the sibling index to TOKENS and TEXT entries
- * (n > 1), the REQ_ERROR type and the STATS fields after gen_tps.
+ * (n > 1), the REQ_ERROR type and the STATS fields after gen_tps.  REQ_DONE
+ * (type 11) came later without a bump: a new type changes no layout, and
+ * only processes of one build exchange it.
  *
  * Any change to a layout bumps RX_IPC_VERSION: processes of one radixd are
  * always the same build, so a version mismatch means a stale binary or a
@@ -89,9 +94,10 @@ enum rx_ipc_type {
     RX_IPC_GET_STATS         = 7,   /* main -> scheduler */
     RX_IPC_STATS             = 8,   /* scheduler -> main (reply or periodic, cookie 0) */
     RX_IPC_SHUTDOWN          = 9,   /* main -> scheduler; scheduler -> detokenizer */
-    RX_IPC_REQ_ERROR         = 10   /* scheduler -> main: a REQ_NEW was refused (since v2) */
+    RX_IPC_REQ_ERROR         = 10,  /* scheduler -> main: a REQ_NEW was refused (since v2) */
+    RX_IPC_REQ_DONE          = 11   /* scheduler -> DP controller: requests finished (dp_size > 1) */
 };
-#define RX_IPC_TYPE_MAX 10
+#define RX_IPC_TYPE_MAX 11
 
 /* Why a request stopped.  STOP_STR is decided by the detokenizer (stop
  * strings can span token boundaries); the others by the scheduler. */
@@ -170,6 +176,9 @@ struct rx_ipc_text {
     struct rx_ipc_text_out *out;
 };
 
+/* REQ_ABORT's rids to abort, and REQ_DONE's rids that finished (every
+ * sibling of each has finished: the DP controller's in-flight count of the
+ * replica drops by one per rid). */
 struct rx_ipc_abort {
     uint32_t n;
     uint64_t *rids;
@@ -232,6 +241,7 @@ struct rx_ipc_msg {
         struct rx_ipc_stats       stats;       /* STATS */
         struct rx_ipc_shutdown    shutdown;    /* SHUTDOWN */
         struct rx_ipc_req_error   req_error;   /* REQ_ERROR */
+        struct rx_ipc_abort       done;        /* REQ_DONE (REQ_ABORT's shape) */
     } u;
 };
 

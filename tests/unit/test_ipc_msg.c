@@ -94,6 +94,17 @@ static void s_abort (struct rx_ipc_msg *m, uint32_t n)
     m->u.abort.rids = n ? s_rids : NULL;
 }
 
+/* REQ_DONE: REQ_ABORT's layout under its own type. */
+static uint64_t s_done_rids[2] = { 0x0102030405060708ull, 7 };
+
+static void s_done (struct rx_ipc_msg *m, uint32_t n)
+{
+    memset (m, 0, sizeof *m);
+    m->type = RX_IPC_REQ_DONE;
+    m->u.done.n = n;
+    m->u.done.rids = n ? s_done_rids : NULL;
+}
+
 static int32_t s_tok_ids[4] = { 5, 0, -1, 151643 };
 static float s_tok_lp[4] = { -0.01f, -3.5f, 0.0f, -1e30f };
 static int32_t s_top_ids[4 * RX_MAX_TOP_LOGPROBS];
@@ -233,7 +244,7 @@ static void s_control (struct rx_ipc_msg *m, int which)
     }
 }
 
-#define S_NSAMPLES 17
+#define S_NSAMPLES 19
 static void s_sample (int i, struct rx_ipc_msg *m)
 {
     s_init_arrays ();
@@ -246,6 +257,8 @@ static void s_sample (int i, struct rx_ipc_msg *m)
     case 5: s_tokens (m, 3); break;
     case 6: s_text (m, 0); break;
     case 7: s_text (m, 3); break;
+    case 17: s_done (m, 0); break;
+    case 18: s_done (m, 2); break;
     default: s_control (m, i - 8); break;
     }
 }
@@ -394,6 +407,11 @@ static void s_eq (const struct rx_ipc_msg *a, const struct rx_ipc_msg *b)
         cr_assert_eq (a->u.req_error.status, b->u.req_error.status);
         cr_assert_str_eq (a->u.req_error.message, b->u.req_error.message);
         break;
+    case RX_IPC_REQ_DONE:
+        cr_assert_eq (a->u.done.n, b->u.done.n);
+        for (uint32_t i = 0; i < a->u.done.n; i++)
+            cr_assert_eq (a->u.done.rids[i], b->u.done.rids[i]);
+        break;
     case RX_IPC_SHUTDOWN:
         cr_assert_eq (a->u.shutdown.mode, b->u.shutdown.mode);
         cr_assert_eq (a->u.shutdown.deadline_ms, b->u.shutdown.deadline_ms);
@@ -513,6 +531,14 @@ Test (ipc_msg, wire_layout_is_little_endian_and_compact)
     memcpy (&st, b + 20, 4);
     cr_assert_eq (st, RX_ERANGE);
     cr_assert_eq (memcmp (b + 24, "\x02\0\0\0ab", 6), 0);
+    free (b);
+    /* REQ_DONE: type 11, then REQ_ABORT's payload */
+    s_done (&t, 2);
+    b = s_enc (&t, &len);
+    static const uint8_t done[] = { 'R', 'X', 'I', 'P', 2, 0, 11, 0, 20, 0, 0, 0,
+                                    2, 0, 0, 0, 8, 7, 6, 5, 4, 3, 2, 1, 7, 0, 0, 0, 0, 0, 0, 0 };
+    cr_assert_eq (len, sizeof done);
+    cr_assert_eq (memcmp (b, done, sizeof done), 0);
     free (b);
     /* STATS v2: 12 + the v1 payload (8 + 3x4 + 5x8 + 3x4) + 4x8 + 3x4 + 4 */
     s_control (&t, 4);
@@ -672,7 +698,7 @@ Test (ipc_msg, bad_header_refused)
     buf[6] = RX_IPC_TYPE_MAX + 1;
     s_refused (buf, len, "type max+1");
     rx_ipc_decode (buf, len, &d, &err);
-    cr_assert (strstr (err.msg, "unknown message type 11"), "%s", err.msg);
+    cr_assert (strstr (err.msg, "unknown message type 12"), "%s", err.msg);
     buf[6] = RX_IPC_GET_STATS;
     s_put_u32 (buf + 8, 0xffffffffu);
     s_refused (buf, len, "length");
@@ -688,7 +714,7 @@ Test (ipc_msg, forged_counts_refused_before_allocating, .timeout = 10)
         struct rx_ipc_msg m;
         size_t off;          /* offset of the count in the encoding */
         const char *expect;
-    } cases[4];
+    } cases[5];
     s_abort (&cases[0].m, 3);
     cases[0].off = 12;
     cases[0].expect = "claims 4294967295 elements";
@@ -701,7 +727,10 @@ Test (ipc_msg, forged_counts_refused_before_allocating, .timeout = 10)
     s_req_full (&cases[3].m);
     cases[3].off = 12 + 8 + 4 + 2;     /* n_input */
     cases[3].expect = "claims 4294967295 elements";
-    for (int i = 0; i < 4; i++) {
+    s_done (&cases[4].m, 2);
+    cases[4].off = 12;
+    cases[4].expect = "claims 4294967295 elements";
+    for (int i = 0; i < 5; i++) {
         size_t len;
         /* s_tokens/s_text reset their statics: re-sample before encoding */
         if (i == 1) s_tokens (&cases[1].m, 3);
@@ -853,7 +882,10 @@ Test (ipc_msg, encoder_refuses_what_decoder_would)
     ENC_FAILS ("neither 0 nor 1");
     s_abort (&m, 3);
     m.u.abort.rids = NULL;
-    ENC_FAILS ("3 rids but no array");
+    ENC_FAILS ("REQ_ABORT: 3 rids but no array");
+    s_done (&m, 2);
+    m.u.done.rids = NULL;
+    ENC_FAILS ("REQ_DONE: 2 rids but no array");
     s_tokens (&m, 3);
     s_tok_out[0].lp.n_top = 21;
     ENC_FAILS ("21 top logprobs");
