@@ -1,10 +1,14 @@
 /* core/sched_proc.c -- the scheduler process: a thin loop of IPC around
  * core/scheduler.c (see sched_proc.h for the contract with main).
  *
- * One iteration: take every pending control message (blocking only when the
- * scheduler has nothing to do, and then at most S_IDLE_WAIT_MS so that the
- * heartbeat and the periodic STATS keep their pace), run one scheduler step,
- * send its outputs as one TOKENS message, beat the heartbeat. */
+ * One iteration: rank 0 takes every pending control message as raw bytes
+ * (blocking only when the scheduler has nothing to do, and then at most
+ * S_IDLE_WAIT_MS so that the heartbeat and the periodic STATS keep their
+ * pace); the batch of messages is broadcast to the other ranks of the TP
+ * group (none with tp_size 1); every rank decodes and applies it, runs one
+ * scheduler step; rank 0 sends its outputs as one TOKENS message and beats
+ * the heartbeat.  Every rank sees the same messages in the same order and
+ * the scheduler is deterministic, so every rank forms the same batch. */
 #include "config.h"
 
 #include <stdio.h>
@@ -20,10 +24,19 @@
 #include "log.h"
 #include "sched_proc.h"
 #include "scheduler.h"
+#include "zgroup.h"
 
 #define S_IDLE_WAIT_MS 100   /* longest block while idle: the heartbeat's pace */
 #define S_MAX_MSGS     256   /* messages taken per iteration before the next step */
 #define S_STALL_WAIT_MS 10   /* block this long when a step found nothing to run */
+#define S_SYNC_MAGIC    0x434e5953u  /* "SYNC": the per-iteration broadcast */
+#define S_SYNC_ABORT_ALL 1u          /* flag: the drain deadline passed on rank 0 */
+
+/* A request known to this rank, until all its siblings finished. */
+struct s_live {
+    uint64_t rid;
+    int32_t left;               /* siblings not yet finished */
+};
 
 struct s_proc {
     struct rx_boot *boot;
@@ -40,6 +53,23 @@ struct s_proc {
     uint64_t drain_deadline_ns; /* 0 = none */
     int stop_now;               /* a SHUTDOWN NOW came (or the drain is over) */
     int lost;                   /* a peer is gone: exit 1 */
+    /* ranks */
+    struct rx_sched_proc_opts o;
+    rx_zgroup_t *zg;            /* the TP group's control group (tp_size > 1) */
+    uint8_t *pend;              /* rank 0: this iteration's raw messages, each u32 length + bytes */
+    size_t pend_len, pend_cap;
+    uint32_t n_pend;
+    uint32_t sync_flags;        /* rank 0: S_SYNC_* for this iteration */
+    uint64_t n_iter;            /* iterations that stepped (the determinism check's clock) */
+    uint64_t sync_ns, step_ns;  /* time in s_sync / s_step over stepping iterations (tp_size > 1) */
+    uint64_t n_timed;
+    struct s_live *live;        /* requests in flight (REQ_DONE, the test hook) */
+    size_t n_live, cap_live;
+    uint64_t *done;             /* rids finished by the last step */
+    size_t n_done, cap_done;
+    int diverge_rank;           /* RADIX_TEST_DIVERGE=<rank>:<step> (tests only); -1 = none */
+    uint64_t diverge_step;
+    const char *up_name;        /* "main" or "the DP controller", for log lines */
 };
 
 static uint64_t s_now_ns (void)
@@ -56,6 +86,7 @@ static uint64_t s_now_ns (void)
 static int s_send (struct s_proc *p, rx_ipc_sock_t *sock, const char *peer,
                    const struct rx_ipc_msg *m)
 {
+    if (!sock) return RX_OK;   /* ranks other than 0 answer nobody */
     struct rx_err err = { 0 };
     int rc = rx_ipc_send (sock, m, RX_PROC_SEND_TIMEOUT_MS, &err);
     if (rc == RX_OK) return RX_OK;
@@ -72,6 +103,7 @@ static int s_send (struct s_proc *p, rx_ipc_sock_t *sock, const char *peer,
 
 static void s_send_stats (struct s_proc *p, uint64_t cookie)
 {
+    if (!p->to_main) return;
     struct rx_sched_stats st;
     rx_sched_stats (p->sched, &st);
     struct rx_ipc_msg m;
@@ -79,7 +111,7 @@ static void s_send_stats (struct s_proc *p, uint64_t cookie)
     m.type = RX_IPC_STATS;
     struct rx_ipc_stats *s = &m.u.stats;
     s->cookie = cookie;
-    s->dp_rank = 0;
+    s->dp_rank = (uint32_t) p->o.dp_rank;
     s->running = st.running;
     s->queued = st.queued;
     s->kv_used = st.kv_used;
@@ -98,7 +130,7 @@ static void s_send_stats (struct s_proc *p, uint64_t cookie)
     s->context_len = st.context_len;
     s->n_vocab = p->n_vocab;
     s->new_token_ratio = (float) st.new_token_ratio;
-    s_send (p, p->to_main, "main", &m);
+    s_send (p, p->to_main, p->up_name, &m);
 }
 
 static void s_send_req_error (struct s_proc *p, uint64_t rid, int status, const char *msg)
@@ -109,7 +141,41 @@ static void s_send_req_error (struct s_proc *p, uint64_t rid, int status, const 
     m.u.req_error.rid = rid;
     m.u.req_error.status = status < 0 ? status : RX_EINTERNAL;
     m.u.req_error.message = (char *) msg;
-    s_send (p, p->to_main, "main", &m);
+    s_send (p, p->to_main, p->up_name, &m);
+}
+
+/* ---- requests in flight (REQ_DONE for the DP controller; the test hook) */
+
+static int s_live_add (struct s_proc *p, uint64_t rid, int32_t n)
+{
+    if (p->n_live == p->cap_live) {
+        size_t cap = p->cap_live ? 2 * p->cap_live : 64;
+        struct s_live *v = realloc (p->live, cap * sizeof *v);
+        if (!v) return RX_ENOMEM;
+        p->live = v;
+        p->cap_live = cap;
+    }
+    p->live[p->n_live++] = (struct s_live) { rid, n };
+    return RX_OK;
+}
+
+/* One sibling of rid finished; when it was the last, rid joins p->done. */
+static void s_live_finish (struct s_proc *p, uint64_t rid)
+{
+    for (size_t i = 0; i < p->n_live; i++) {
+        if (p->live[i].rid != rid) continue;
+        if (--p->live[i].left > 0) return;
+        p->live[i] = p->live[--p->n_live];
+        if (p->n_done == p->cap_done) {
+            size_t cap = p->cap_done ? 2 * p->cap_done : 64;
+            uint64_t *v = realloc (p->done, cap * sizeof *v);
+            if (!v) return;   /* the DP controller's load count drifts by one; logged nowhere */
+            p->done = v;
+            p->cap_done = cap;
+        }
+        p->done[p->n_done++] = rid;
+        return;
+    }
 }
 
 /* Handle one message from main; takes m's contents (frees them). */
@@ -125,7 +191,12 @@ static void s_handle (struct s_proc *p, struct rx_ipc_msg *m)
         }
         /* On success the scheduler takes the request's arrays and leaves
          * m->u.req empty, so the free below releases nothing of them. */
+        int32_t n = m->u.req.sp.n > 0 ? m->u.req.sp.n : 1;
         int rc = rx_sched_submit (p->sched, &m->u.req, &err);
+        if (rc == RX_OK && s_live_add (p, rid, n) != RX_OK) {
+            rx_log (RX_LOG_ERROR, "scheduler: out of memory tracking request %llu", (unsigned long long) rid);
+            p->lost = 1;
+        }
         if (rc != RX_OK) {
             rx_log (RX_LOG_DEBUG, "scheduler: request %llu refused: %s", (unsigned long long) rid,
                     err.msg);
@@ -152,7 +223,7 @@ static void s_handle (struct s_proc *p, struct rx_ipc_msg *m)
         r.u.flush_reply.status = rc;
         r.u.flush_reply.message = rc == RX_OK ? msg : err.msg;
         rx_log (RX_LOG_INFO, "scheduler: %s", r.u.flush_reply.message);
-        s_send (p, p->to_main, "main", &r);
+        s_send (p, p->to_main, p->up_name, &r);
         break;
     }
     case RX_IPC_GET_STATS:
@@ -181,21 +252,89 @@ static void s_handle (struct s_proc *p, struct rx_ipc_msg *m)
     rx_ipc_msg_free (m);
 }
 
-/* One scheduler step; its outputs go to the detokenizer.  Returns 1 when a
- * batch ran or something was emitted. */
+/* FNV-1a over the step's outputs: what the batch was, as far as anything
+ * outside this rank can tell. */
+static uint64_t s_fnv (uint64_t h, const void *data, size_t n)
+{
+    const uint8_t *b = data;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+static uint64_t s_out_hash (const struct rx_sched_out *out)
+{
+    uint64_t h = 14695981039346656037ull;
+    int32_t head[4] = { out->kind, out->n_seq, out->n_tokens, out->n_retracted };
+    h = s_fnv (h, head, sizeof head);
+    for (uint32_t i = 0; i < out->tokens.n; i++) {
+        const struct rx_ipc_tok_out *t = &out->tokens.out[i];
+        h = s_fnv (h, &t->rid, sizeof t->rid);
+        h = s_fnv (h, &t->index, sizeof t->index);
+        h = s_fnv (h, &t->finish, sizeof t->finish);
+        if (t->n_ids) h = s_fnv (h, t->ids, t->n_ids * sizeof *t->ids);
+    }
+    return h;
+}
+
+/* [parallel] check_determinism: every rank all-gathers its step hash; any
+ * difference stops this rank (and so the daemon) with both hashes. */
+static void s_check_step (struct s_proc *p, const struct rx_sched_out *out)
+{
+    uint64_t h = s_out_hash (out), *all = NULL;
+    struct rx_err err = { 0 };
+    if (rx_zgroup_allgather (p->zg, &h, sizeof h, (void **) &all, NULL, -1, &err) != RX_OK) {
+        rx_log (RX_LOG_ERROR, "scheduler: determinism check at step %llu: %s",
+                (unsigned long long) p->n_iter, err.msg);
+        p->lost = 1;
+        return;
+    }
+    for (int r = 1; r < p->o.tp_size; r++)
+        if (all[r] != all[0]) {
+            rx_log (RX_LOG_ERROR,
+                    "scheduler: ranks diverged at step %llu: rank %d's batch hash %016llx differs from "
+                    "rank 0's %016llx ([parallel] check_determinism); stopping",
+                    (unsigned long long) p->n_iter, r, (unsigned long long) all[r],
+                    (unsigned long long) all[0]);
+            p->lost = 1;
+            break;
+        }
+    free (all);
+}
+
+/* One scheduler step; rank 0 sends its outputs to the detokenizer.  Returns
+ * 1 when a batch ran or something was emitted. */
 static int s_step (struct s_proc *p)
 {
     struct rx_sched_out out;
     struct rx_err err = { 0 };
+    p->n_iter++;
+    if (p->diverge_rank == p->o.tp_rank && p->n_iter == p->diverge_step && p->n_live) {
+        /* Test hook: this rank alone drops a request, as a scheduler bug would. */
+        rx_log (RX_LOG_WARN, "scheduler: RADIX_TEST_DIVERGE: rank %d drops request %llu at step %llu",
+                p->o.tp_rank, (unsigned long long) p->live[0].rid, (unsigned long long) p->n_iter);
+        rx_sched_abort (p->sched, p->live[0].rid);
+    }
     int rc = rx_sched_step (p->sched, &out, &err);
     if (rc != RX_OK)
         rx_log (RX_LOG_ERROR, "scheduler: step failed, its requests are aborted: %s", err.msg);
+    if (p->zg && p->o.check_determinism) s_check_step (p, &out);
+    p->n_done = 0;
+    for (uint32_t i = 0; i < out.tokens.n; i++)
+        if (out.tokens.out[i].finish != RX_FINISH_NONE) s_live_finish (p, out.tokens.out[i].rid);
     if (out.tokens.n) {
         struct rx_ipc_msg m;
         memset (&m, 0, sizeof m);
         m.type = RX_IPC_TOKENS;
         m.u.tokens = out.tokens;
         s_send (p, p->to_detok, "the detokenizer", &m);
+    }
+    if (p->n_done && p->o.dp_size > 1) {
+        struct rx_ipc_msg m;
+        memset (&m, 0, sizeof m);
+        m.type = RX_IPC_REQ_DONE;
+        m.u.done.n = (uint32_t) p->n_done;
+        m.u.done.rids = p->done;
+        s_send (p, p->to_main, p->up_name, &m);
     }
     return out.kind != RX_SCHED_IDLE || out.tokens.n;
 }
@@ -219,12 +358,24 @@ static int s_kv_bytes (const rx_conf_t *conf, uint64_t *bytes, struct rx_err *er
     return rc;
 }
 
-/* Everything up to the first STATS.  Returns 0 or 1 (exit status). */
+/* Is [cache] kv_memory a share of free memory ("0.8", "80%") rather than
+ * a size?  A share is split between the ranks of one host, a size is each
+ * rank's own (docs/parallel.md). */
+static int s_kv_is_share (const rx_conf_t *conf)
+{
+    const char *v = rx_conf_str (conf, "cache", "kv_memory", "0.8");
+    if (!v) return 1;
+    char *end;
+    double x = strtod (v, &end);
+    return end != v && (*end == '%' || (*end == '\0' && x <= 1.0));
+}
+
 static void s_progress_beat (void *hb)
 {
     rx_heartbeat_beat (hb);
 }
 
+/* Everything up to the first STATS.  Returns 0 or 1 (exit status). */
 static int s_start (struct s_proc *p, const struct rx_sched_proc_opts *o)
 {
     struct rx_err err = { 0 };
@@ -232,28 +383,65 @@ static int s_start (struct s_proc *p, const struct rx_sched_proc_opts *o)
         rx_log (RX_LOG_ERROR, "scheduler: no run directory given");
         return 1;
     }
-    if (!(p->ipc = rx_ipc_join (o->run_dir, &err))
-        || !(p->in = rx_ipc_bind (p->ipc, RX_IPC_PULL, RX_SOCK_SCHED, &err))
-        || !(p->to_detok = rx_ipc_connect (p->ipc, RX_IPC_PUSH, RX_SOCK_DETOK, &err))
-        || !(p->to_main = rx_ipc_connect (p->ipc, RX_IPC_PUSH, RX_SOCK_MAIN, &err))
-        || !(p->hb = rx_heartbeat_create (p->ipc, RX_HB_SCHED, &err))) {
-        rx_log (RX_LOG_ERROR, "scheduler: %s", err.msg);
-        return 1;
+    p->o = *o;
+    if (p->o.tp_size < 1) p->o.tp_size = 1;
+    if (p->o.dp_size < 1) p->o.dp_size = 1;
+    if (p->o.comm_timeout_s <= 0) p->o.comm_timeout_s = 60;
+    p->up_name = p->o.dp_size > 1 ? "the DP controller" : "main";
+    p->diverge_rank = -1;
+    const char *dv = getenv ("RADIX_TEST_DIVERGE");
+    unsigned long long dstep;
+    int drank;
+    if (dv && sscanf (dv, "%d:%llu", &drank, &dstep) == 2) {
+        p->diverge_rank = drank;
+        p->diverge_step = dstep;
     }
-    rx_heartbeat_set_state (p->hb, RX_HB_STARTING);
-    rx_heartbeat_beat (p->hb);
-    /* Plugins call host->progress inside long calls (after each layer of a
-     * forward pass): a long prefill keeps the heartbeat fresh. */
-    rx_host_set_progress_hook (s_progress_beat, p->hb);
+    if (p->o.tp_rank == 0) {
+        if (!(p->ipc = rx_ipc_join (o->run_dir, &err))
+            || !(p->in = rx_ipc_bind (p->ipc, RX_IPC_PULL, o->in_sock ? o->in_sock : RX_SOCK_SCHED, &err))
+            || !(p->to_detok = rx_ipc_connect (p->ipc, RX_IPC_PUSH, RX_SOCK_DETOK, &err))
+            || !(p->to_main = rx_ipc_connect (p->ipc, RX_IPC_PUSH, o->up_sock ? o->up_sock : RX_SOCK_MAIN, &err))
+            || !(p->hb = rx_heartbeat_create (p->ipc, o->hb_name ? o->hb_name : RX_HB_SCHED, &err))) {
+            rx_log (RX_LOG_ERROR, "scheduler: %s", err.msg);
+            return 1;
+        }
+        rx_heartbeat_set_state (p->hb, RX_HB_STARTING);
+        rx_heartbeat_beat (p->hb);
+        /* Plugins call host->progress inside long calls (after each layer
+         * of a forward pass): a long prefill keeps the heartbeat fresh. */
+        rx_host_set_progress_hook (s_progress_beat, p->hb);
+    }
+    if (p->o.tp_size > 1) {
+        if (!o->ctl_endpoint || !o->comm_group || !o->comm_bootstrap) {
+            rx_log (RX_LOG_ERROR, "scheduler: rank %d of %d started without its group's endpoints",
+                    p->o.tp_rank, p->o.tp_size);
+            return 1;
+        }
+        if (!(p->zg = rx_zgroup_new (o->ctl_endpoint, p->o.tp_rank, p->o.tp_size, p->o.comm_timeout_s, &err))) {
+            rx_log (RX_LOG_ERROR, "scheduler: control group %s: %s", o->ctl_endpoint, err.msg);
+            return 1;
+        }
+    }
 
     struct rx_engine_opts eo = { 0 };
-    if (s_kv_bytes (p->boot->conf, &eo.kv_bytes, &err) != RX_OK
-        || !(p->engine = rx_engine_new (p->boot, &eo, &err))
+    if (s_kv_bytes (p->boot->conf, &eo.kv_bytes, &err) != RX_OK) {
+        rx_log (RX_LOG_ERROR, "%s", err.msg);
+        return 1;
+    }
+    int local = (int) rx_conf_int (p->boot->conf, "parallel", "nnodes", 1);
+    local = p->o.tp_size * p->o.dp_size / (local > 0 ? local : 1);
+    if (local > 1 && s_kv_is_share (p->boot->conf)) eo.kv_bytes /= (uint64_t) local;
+    eo.tp_rank = p->o.tp_rank;
+    eo.tp_size = p->o.tp_size;
+    eo.comm_group = o->comm_group;
+    eo.comm_bootstrap = o->comm_bootstrap;
+    eo.comm_timeout_s = p->o.comm_timeout_s;
+    if (!(p->engine = rx_engine_new (p->boot, &eo, &err))
         || !(p->sched = rx_sched_new (p->boot, p->engine, NULL, &err))) {
         rx_log (RX_LOG_ERROR, "%s", err.msg);
         return 1;
     }
-    rx_heartbeat_beat (p->hb);
+    if (p->hb) rx_heartbeat_beat (p->hb);
     p->n_vocab = (uint32_t) rx_engine_info (p->engine)->n_vocab;
     uint64_t bpt = rx_engine_info (p->engine)->kv_bytes_per_token;
     struct rx_sched_stats st;
@@ -263,48 +451,138 @@ static int s_start (struct s_proc *p, const struct rx_sched_proc_opts *o)
             (unsigned long long) bpt);
     rx_log (RX_LOG_INFO, "scheduler: %s; context %u, max running requests %u",
             rx_engine_describe (p->engine), st.context_len, st.max_running_requests);
+    int ms = o->stats_interval_ms > 0 ? o->stats_interval_ms : 1000;
+    p->stats_ns = (uint64_t) ms * 1000000ull;
+    p->next_stats_ns = s_now_ns () + p->stats_ns;
+    p->arrival_wait_ns = (uint64_t) (rx_conf_float (p->boot->conf, "scheduler", "arrival_wait", 0.005) * 1e9);
+    if (p->o.tp_rank != 0) return 0;
 
     /* The first STATS tells main the scheduler is ready: the heartbeat
      * must say so before (main may answer /health at once). */
     rx_heartbeat_set_state (p->hb, RX_HB_IDLE);
     rx_heartbeat_beat (p->hb);
     s_send_stats (p, 0);
-    if (p->lost) return 1;
-    int ms = o->stats_interval_ms > 0 ? o->stats_interval_ms : 1000;
-    p->stats_ns = (uint64_t) ms * 1000000ull;
-    p->next_stats_ns = s_now_ns () + p->stats_ns;
-    p->arrival_wait_ns = (uint64_t) (rx_conf_float (p->boot->conf, "scheduler", "arrival_wait", 0.005) * 1e9);
-    return 0;
+    return p->lost ? 1 : 0;
 }
 
-/* Take up to S_MAX_MSGS messages: the first waits wait_ms, the others
- * none -- or, with until_ns, every one waits until that time.  Returns 1
- * when the process must exit (a peer is gone), else 0. */
-static int s_receive (struct s_proc *p, int wait_ms, uint64_t until_ns)
+/* Rank 0: take up to S_MAX_MSGS raw messages into p->pend: the first waits
+ * wait_ms, the others none -- or, with until_ns, every one waits until that
+ * time.  Returns 1 when the process must exit (the socket broke), else 0. */
+static int s_gather (struct s_proc *p, int wait_ms, uint64_t until_ns)
 {
     struct rx_err err = { 0 };
-    for (int k = 0; k < S_MAX_MSGS && !p->stop_now; k++) {
+    for (int k = 0; k < S_MAX_MSGS; k++) {
         int ms = k == 0 ? wait_ms : 0;
         if (until_ns) {
             uint64_t t = s_now_ns ();
             if (t >= until_ns) break;
             ms = (int) ((until_ns - t + 999999ull) / 1000000ull);
         }
-        struct rx_ipc_msg m;
-        int rc = rx_ipc_recv (p->in, &m, ms, &err);
+        void *buf = NULL;
+        size_t n = 0;
+        int rc = rx_ipc_recv_raw (p->in, &buf, &n, ms, &err);
         if (rc == RX_ETIMEDOUT) break;
-        if (rc == RX_EFORMAT) {
-            rx_log (RX_LOG_WARN, "scheduler: dropped a message from main: %s", err.msg);
-            continue;
-        }
         if (rc != RX_OK) {
             rx_log (RX_LOG_ERROR, "scheduler: cannot receive: %s", err.msg);
             return 1;
         }
-        s_handle (p, &m);
-        if (p->lost) return 1;
+        if (p->pend_len + 4 + n > p->pend_cap) {
+            size_t cap = p->pend_cap ? p->pend_cap : 4096;
+            while (cap < p->pend_len + 4 + n) cap *= 2;
+            uint8_t *v = realloc (p->pend, cap);
+            if (!v) {
+                free (buf);
+                rx_log (RX_LOG_ERROR, "scheduler: out of memory receiving a %zu-byte message", n);
+                return 1;
+            }
+            p->pend = v;
+            p->pend_cap = cap;
+        }
+        uint32_t len = (uint32_t) n;
+        memcpy (p->pend + p->pend_len, &len, 4);
+        memcpy (p->pend + p->pend_len + 4, buf, n);
+        p->pend_len += 4 + n;
+        p->n_pend++;
+        free (buf);
     }
     return 0;
+}
+
+/* Every rank: decode and apply one iteration's messages (header: magic,
+ * flags, count; then count x (u32 length, message)). */
+static void s_apply (struct s_proc *p, const uint8_t *b, size_t n)
+{
+    uint32_t hdr[3];
+    if (n < sizeof hdr) {
+        rx_log (RX_LOG_ERROR, "scheduler: short step broadcast (%zu bytes)", n);
+        p->lost = 1;
+        return;
+    }
+    memcpy (hdr, b, sizeof hdr);
+    if (hdr[0] != S_SYNC_MAGIC) {
+        rx_log (RX_LOG_ERROR, "scheduler: bad step broadcast (magic %08x)", hdr[0]);
+        p->lost = 1;
+        return;
+    }
+    size_t off = sizeof hdr;
+    for (uint32_t i = 0; i < hdr[2] && !p->stop_now && !p->lost; i++) {
+        uint32_t len;
+        if (n - off < 4 || (memcpy (&len, b + off, 4), n - off - 4 < len)) {
+            rx_log (RX_LOG_ERROR, "scheduler: truncated step broadcast");
+            p->lost = 1;
+            return;
+        }
+        struct rx_ipc_msg m;
+        struct rx_err err = { 0 };
+        if (rx_ipc_decode (b + off + 4, len, &m, &err) != RX_OK)
+            rx_log (RX_LOG_WARN, "scheduler: dropped a message from %s: %s", p->up_name, err.msg);
+        else
+            s_handle (p, &m);
+        off += 4 + (size_t) len;
+    }
+    if ((hdr[1] & S_SYNC_ABORT_ALL) && !rx_sched_idle (p->sched)) {
+        int k = rx_sched_abort_all (p->sched);
+        rx_log (RX_LOG_WARN, "scheduler: drain deadline passed; %d requests aborted", k);
+    }
+}
+
+/* The iteration's messages from rank 0 to every rank, then applied.
+ * Returns 1 when the process must exit. */
+static int s_sync (struct s_proc *p)
+{
+    uint32_t hdr[3] = { S_SYNC_MAGIC, p->sync_flags, p->n_pend };
+    if (p->o.tp_rank == 0) {
+        if (p->pend_len + sizeof hdr > p->pend_cap) {
+            uint8_t *v = realloc (p->pend, p->pend_len + sizeof hdr);
+            if (!v) return 1;
+            p->pend = v;
+            p->pend_cap = p->pend_len + sizeof hdr;
+        }
+        memmove (p->pend + sizeof hdr, p->pend, p->pend_len);
+        memcpy (p->pend, hdr, sizeof hdr);
+        p->pend_len += sizeof hdr;
+    }
+    const uint8_t *b = p->pend;
+    size_t n = p->pend_len;
+    void *got = NULL;
+    if (p->zg) {
+        struct rx_err err = { 0 };
+        /* Rank 0 never waits here; the others wait for rank 0's next
+         * iteration: at most a step plus S_IDLE_WAIT_MS, far below the
+         * timeout unless rank 0 is gone or stuck. */
+        if (rx_zgroup_bcast (p->zg, 0, b, n, p->o.tp_rank ? &got : NULL, &n, -1, &err) != RX_OK) {
+            rx_log (RX_LOG_ERROR, "scheduler: lost the TP group (rank %d of %d): %s", p->o.tp_rank,
+                    p->o.tp_size, err.msg);
+            return 1;
+        }
+        if (p->o.tp_rank) b = got;
+    }
+    s_apply (p, b, n);
+    free (got);
+    p->pend_len = 0;
+    p->n_pend = 0;
+    p->sync_flags = 0;
+    return p->lost;
 }
 
 /* The serving loop; returns when a SHUTDOWN says so (0) or a peer is gone (1). */
@@ -312,48 +590,59 @@ static int s_loop (struct s_proc *p)
 {
     int stalled = 0;   /* the last step had work but ran nothing */
     for (;;) {
-        uint64_t now = s_now_ns ();
-        int wait = 0;
-        if (rx_sched_idle (p->sched) || stalled) {
-            /* Never spin: a scheduler that cannot run anything now waits
-             * for a message (an abort frees room) a little. */
-            int most = stalled ? S_STALL_WAIT_MS : S_IDLE_WAIT_MS;
-            uint64_t left = p->next_stats_ns > now ? (p->next_stats_ns - now) / 1000000ull : 0;
-            wait = left < (uint64_t) most ? (int) left : most;
+        if (p->o.tp_rank == 0) {
+            uint64_t now = s_now_ns ();
+            int wait = 0;
+            if (rx_sched_idle (p->sched) || stalled) {
+                /* Never spin: a scheduler that cannot run anything now
+                 * waits for a message (an abort frees room) a little. */
+                int most = stalled ? S_STALL_WAIT_MS : S_IDLE_WAIT_MS;
+                uint64_t left = p->next_stats_ns > now ? (p->next_stats_ns - now) / 1000000ull : 0;
+                wait = left < (uint64_t) most ? (int) left : most;
+            }
+            int was_idle = rx_sched_idle (p->sched);
+            if (s_gather (p, wait, 0)) return 1;
+            /* Work arrived at an idle scheduler: give the rest of a burst
+             * [scheduler] arrival_wait to arrive, so one prefill batch
+             * takes it (else the first request is prefilled alone and the
+             * others wait a whole step for theirs). */
+            if (was_idle && p->arrival_wait_ns && p->n_pend)
+                if (s_gather (p, -1, s_now_ns () + p->arrival_wait_ns)) return 1;
+            now = s_now_ns ();
+            if (p->draining && p->drain_deadline_ns && now >= p->drain_deadline_ns)
+                p->sync_flags |= S_SYNC_ABORT_ALL;
         }
-        int was_idle = rx_sched_idle (p->sched);
-        if (s_receive (p, wait, 0)) return 1;
+        int busy = !rx_sched_idle (p->sched);   /* identical on every rank */
+        uint64_t t0 = s_now_ns ();
+        if (s_sync (p)) return 1;
         if (p->stop_now) return 0;
-        /* Work arrived at an idle scheduler: give the rest of a burst
-         * [scheduler] arrival_wait to arrive, so one prefill batch takes it
-         * (else the first request is prefilled alone and the others wait a
-         * whole step for theirs). */
-        if (was_idle && p->arrival_wait_ns && !rx_sched_idle (p->sched)) {
-            if (s_receive (p, -1, s_now_ns () + p->arrival_wait_ns)) return 1;
-            if (p->stop_now) return 0;
-        }
+        uint64_t t1 = s_now_ns ();
 
-        now = s_now_ns ();
-        if (p->draining && p->drain_deadline_ns && now >= p->drain_deadline_ns
-            && !rx_sched_idle (p->sched)) {
-            int n = rx_sched_abort_all (p->sched);
-            rx_log (RX_LOG_WARN, "scheduler: drain deadline passed; %d requests aborted", n);
-        }
         /* BUSY is set before a step, so that a long prefill reads busy
          * (with an old beat), never idle. */
         if (!rx_sched_idle (p->sched)) {
-            rx_heartbeat_set_state (p->hb, p->draining ? RX_HB_DRAINING : RX_HB_BUSY);
-            rx_heartbeat_beat (p->hb);
+            if (p->hb) {
+                rx_heartbeat_set_state (p->hb, p->draining ? RX_HB_DRAINING : RX_HB_BUSY);
+                rx_heartbeat_beat (p->hb);
+            }
             stalled = !s_step (p);
+            /* The step sync's cost, where it matters: between two steps of
+             * a busy group (an idle rank 0 waits for messages on purpose). */
+            if (busy && p->zg) {
+                p->sync_ns += t1 - t0;
+                p->step_ns += s_now_ns () - t1;
+                p->n_timed++;
+            }
         } else
             stalled = 0;
         if (p->lost) return 1;
         if (p->draining && rx_sched_idle (p->sched)) return 0;
+        if (!p->hb) continue;
 
         rx_heartbeat_set_state (p->hb, p->draining ? RX_HB_DRAINING
                                        : rx_sched_idle (p->sched) ? RX_HB_IDLE : RX_HB_BUSY);
         rx_heartbeat_beat (p->hb);
-        now = s_now_ns ();
+        uint64_t now = s_now_ns ();
         if (now >= p->next_stats_ns) {
             s_send_stats (p, 0);
             if (p->lost) return 1;
@@ -371,17 +660,27 @@ int rx_sched_proc_main (struct rx_boot *boot, const struct rx_sched_proc_opts *o
     if (status == 0) status = s_loop (&p);
     if (status == 0) {
         /* Whatever is left is aborted; one step emits the ABORT finishes,
-         * then SHUTDOWN follows them on the same socket (ordered). */
+         * then SHUTDOWN follows them on the same socket (ordered).  Every
+         * rank does the same, so the step's collectives still pair up. */
         int n = rx_sched_abort_all (p.sched);
-        if (n) rx_log (RX_LOG_INFO, "scheduler: %d requests aborted by the shutdown", n);
+        if (n && p.o.tp_rank == 0) rx_log (RX_LOG_INFO, "scheduler: %d requests aborted by the shutdown", n);
         if (!rx_sched_idle (p.sched)) s_step (&p);
         struct rx_ipc_msg m;
         memset (&m, 0, sizeof m);
         m.type = RX_IPC_SHUTDOWN;
         m.u.shutdown.mode = RX_IPC_SHUTDOWN_NOW;
         if (!p.lost) s_send (&p, p.to_detok, "the detokenizer", &m);
+        /* The DP controller waits for every replica's last word. */
+        if (!p.lost && p.o.dp_size > 1) s_send (&p, p.to_main, p.up_name, &m);
         if (p.lost) status = 1;
         else rx_log (RX_LOG_INFO, "scheduler: stopped");
+    }
+    if (p.n_timed) {
+        double sync_us = (double) p.sync_ns / (double) p.n_timed / 1e3;
+        double step_ms = (double) p.step_ns / (double) p.n_timed / 1e6;
+        rx_log (RX_LOG_INFO, "scheduler: step sync %.1f us per busy step, %.2f%% of the mean step (%.2f ms, %llu steps)",
+                sync_us, 100.0 * sync_us / 1e3 / (step_ms > 0 ? step_ms : 1e-9), step_ms,
+                (unsigned long long) p.n_timed);
     }
     if (p.hb) {
         rx_heartbeat_set_state (p.hb, RX_HB_STOPPED);
@@ -389,9 +688,13 @@ int rx_sched_proc_main (struct rx_boot *boot, const struct rx_sched_proc_opts *o
     }
     rx_sched_destroy (&p.sched);
     rx_engine_destroy (&p.engine);
+    rx_zgroup_destroy (&p.zg);
     rx_host_set_progress_hook (NULL, NULL);
     rx_heartbeat_close (&p.hb);
     /* Closes the sockets: queued messages get the linger time to leave. */
     rx_ipc_destroy (&p.ipc);
+    free (p.pend);
+    free (p.live);
+    free (p.done);
     return status;
 }

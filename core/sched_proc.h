@@ -78,9 +78,34 @@
  * gone (ms). */
 #define RX_PROC_SEND_TIMEOUT_MS 10000
 
+/* Ranks (tensor / data parallelism, [parallel]).  A replica is a TP group
+ * of tp_size scheduler processes running identical schedulers (SGLang's
+ * peer schedulers): only rank 0 binds in_sock and talks to the other
+ * processes; at the start of every iteration it broadcasts the raw
+ * messages it received (and its time-based decisions: the drain deadline)
+ * through the group's ZMQ control group (core/zgroup.h), every rank applies
+ * them in the same order and steps; the model's collectives go through the
+ * comm plugin.  Only rank 0 sends TOKENS, STATS, replies and heartbeats.
+ * With check_determinism every rank all-gathers a hash of each step's
+ * outputs and the first mismatch stops the daemon.  A lost control group
+ * (a rank died, a broadcast late by more than comm_timeout_s) is fatal:
+ * exit 1.
+ * With dp_size > 1 rank 0 of replica d reads from "sched.<d>" and answers
+ * the DP controller (up_sock, RX_SOCK_DPC), adding REQ_DONE after each step
+ * with the rids that finished. */
 struct rx_sched_proc_opts {
     const char *run_dir;       /* the run directory main created (rx_ipc_run_dir) */
     int stats_interval_ms;     /* periodic STATS (cookie 0) to main; 0 = 1000 */
+    int tp_rank, tp_size;      /* this rank in its TP group; 0/0 = 0/1 */
+    int dp_rank, dp_size;      /* this replica; 0/0 = 0/1 */
+    const char *in_sock;       /* rank 0's PULL socket; NULL = RX_SOCK_SCHED */
+    const char *up_sock;       /* where replies and STATS go; NULL = RX_SOCK_MAIN */
+    const char *hb_name;       /* rank 0's heartbeat page; NULL = RX_HB_SCHED */
+    const char *ctl_endpoint;  /* the TP group's control group (tp_size > 1) */
+    const char *comm_group;    /* the comm plugin's group name (tp_size > 1) */
+    const char *comm_bootstrap;/* the comm plugin's set-up endpoint (tp_size > 1) */
+    double comm_timeout_s;     /* [parallel] comm_timeout; 0 = 60 */
+    int check_determinism;     /* [parallel] check_determinism */
 };
 
 /* Body of the scheduler process (called in a forked child; the parent

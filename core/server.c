@@ -33,6 +33,8 @@
 #include "metrics.h"
 #include "request.h"
 #include "sched_proc.h"
+#include "topology.h"
+#include "dp_proc.h"
 #include "server.h"
 #include "supervisor.h"
 #include "tokenizer.h"
@@ -96,6 +98,12 @@ struct s_ctl {
     struct evhttp_request *req;
 };
 
+/* One child process: the detokenizer, the DP controller, a scheduler rank. */
+struct s_kid {
+    pid_t pid;
+    char role[48];               /* its log role: "detok", "dpc", "sched", "sched.tp1", ... */
+};
+
 struct rx_server {
     struct rx_boot *boot;
     const rx_conf_t *conf;
@@ -107,7 +115,11 @@ struct rx_server {
     rx_ipc_t *ipc;
     rx_ipc_sock_t *in, *to_sched;
     rx_heartbeat_t *hb;
-    pid_t sched_pid, detok_pid;          /* 0 once reaped */
+    pid_t sched_pid;                     /* the child main sends to: replica 0's rank 0, or the DP
+                                            controller (dp_size > 1); 0 once reaped */
+    struct s_kid *kids;                  /* every child; pid 0 once reaped */
+    size_t n_kids;
+    struct rx_topo topo;
 
     rx_gguf_t *gguf;
     rx_tokenizer_t *tok;
@@ -1302,22 +1314,49 @@ static void s_fail_all (rx_server_t *s, const char *why)
     }
 }
 
+static size_t s_kids_alive (const rx_server_t *s)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < s->n_kids; i++) n += s->kids[i].pid > 0;
+    return n;
+}
+
+/* "the scheduler process", "the scheduler process sched.tp1", ... */
+static void s_kid_name (const struct s_kid *k, char *buf, size_t cap)
+{
+    const char *what = !strcmp (k->role, "detok") ? "detokenizer" : !strcmp (k->role, "dpc") ? "DP controller"
+                                                                                             : "scheduler";
+    snprintf (buf, cap, "%s process%s%s", what, strchr (k->role, '.') ? " " : "",
+              strchr (k->role, '.') ? k->role : "");
+}
+
+/* Kill every child still running whose role starts with prefix ("" = all). */
+static void s_kill_kids (rx_server_t *s, const char *prefix)
+{
+    for (size_t i = 0; i < s->n_kids; i++)
+        if (s->kids[i].pid > 0 && !strncmp (s->kids[i].role, prefix, strlen (prefix)))
+            kill (s->kids[i].pid, SIGKILL);
+}
+
 static void s_reap (rx_server_t *s)
 {
     for (;;) {
         int st = 0;
         pid_t pid = waitpid (-1, &st, WNOHANG);
         if (pid <= 0) return;
-        const char *who = pid == s->sched_pid ? "scheduler" : pid == s->detok_pid ? "detokenizer" : NULL;
-        if (!who) continue;
+        struct s_kid *k = NULL;
+        for (size_t i = 0; i < s->n_kids && !k; i++)
+            if (s->kids[i].pid == pid) k = &s->kids[i];
+        if (!k) continue;
+        k->pid = 0;
         if (pid == s->sched_pid) s->sched_pid = 0;
-        else s->detok_pid = 0;
-        char how[128];
+        char how[128], who[96];
         rx_child_describe (st, how, sizeof how);
+        s_kid_name (k, who, sizeof who);
         int clean = WIFEXITED (st) && WEXITSTATUS (st) == 0;
         if (s->draining && clean) {
-            rx_info ("%s process (pid %d) %s", who, (int) pid, how);
-            if (!s->sched_pid && !s->detok_pid) {
+            rx_info ("%s (pid %d) %s", who, (int) pid, how);
+            if (!s_kids_alive (s)) {
                 s_drain_in (s);
                 s_fail_all (s, "the server shut down before the request finished");
                 s_end (s, 0);
@@ -1326,7 +1365,7 @@ static void s_reap (rx_server_t *s)
         }
         if (s->exiting) continue;
         char why[256];
-        snprintf (why, sizeof why, "the %s process (pid %d) %s", who, (int) pid, how);
+        snprintf (why, sizeof why, "the %s (pid %d) %s", who, (int) pid, how);
         rx_error ("%s; shutting down", why);
         s_fail_all (s, why);
         s_end (s, 1);
@@ -1417,7 +1456,7 @@ static void s_on_tick (evutil_socket_t fd, short what, void *arg)
             snprintf (why, sizeof why, "the scheduler made no progress for %.1f s ([server] watchdog_timeout = %g s): hung",
                       age, s->watchdog);
             rx_error ("%s; shutting down", why);
-            if (s->sched_pid > 0) kill (s->sched_pid, SIGKILL);
+            s_kill_kids (s, "sched");
             s_fail_all (s, why);
             s_end (s, 1);
             return;
@@ -1476,19 +1515,64 @@ static void s_start_http (rx_server_t *s)
 struct s_child_arg {
     struct rx_boot *boot;
     const char *run_dir;
+    int n_upstream;                /* the detokenizer's: replicas that send it TOKENS */
+    struct rx_topo_rank rank;      /* a scheduler rank's */
 };
 
 static int s_sched_body (void *arg)
 {
     struct s_child_arg *a = arg;
-    struct rx_sched_proc_opts o = { .run_dir = a->run_dir, .stats_interval_ms = 1000 };
-    return rx_sched_proc_main (a->boot, &o);
+    return rx_sched_proc_main (a->boot, &a->rank.o);
 }
 
 static int s_detok_body (void *arg)
 {
     struct s_child_arg *a = arg;
-    return rx_detok_proc_main (a->boot, a->run_dir);
+    return rx_detok_proc_main_n (a->boot, a->run_dir, a->n_upstream);
+}
+
+static int s_dpc_body (void *arg)
+{
+    struct s_child_arg *a = arg;
+    struct rx_dp_proc_opts o = { .run_dir = a->run_dir, .dp_size = a->n_upstream, .stats_interval_ms = 1000 };
+    return rx_dp_proc_main (a->boot, &o);
+}
+
+/* Fork one child into s->kids (s->kids has room). */
+static int s_spawn (rx_server_t *s, const char *role, rx_child_fn fn, void *arg, struct rx_err *err)
+{
+    pid_t pid = rx_child_spawn (role, fn, arg, err);
+    if (pid < 0) return err->code;
+    struct s_kid *k = &s->kids[s->n_kids++];
+    k->pid = pid;
+    snprintf (k->role, sizeof k->role, "%s", role);
+    return RX_OK;
+}
+
+/* Fork this node's children: the detokenizer and the DP controller (node
+ * 0), and the node's scheduler ranks.  main sends to the DP controller, or
+ * to replica 0's rank 0. */
+static int s_spawn_children (rx_server_t *s, struct rx_boot *boot, const char *run_dir, struct rx_err *err)
+{
+    const struct rx_topo *t = &s->topo;
+    if (!(s->kids = calloc ((size_t) t->n_local + 2, sizeof *s->kids)))
+        return rx_err_set (err, RX_ENOMEM, "out of memory");
+    struct s_child_arg ca = { .boot = boot, .run_dir = run_dir, .n_upstream = t->dp_size };
+    int rc = RX_OK;
+    /* The child gets a copy of ca as it is at fork time. */
+    if (t->node_rank == 0) {
+        rc = s_spawn (s, "detok", s_detok_body, &ca, err);
+        if (rc == RX_OK && t->dp_size > 1) {
+            rc = s_spawn (s, "dpc", s_dpc_body, &ca, err);
+            if (rc == RX_OK) s->sched_pid = s->kids[s->n_kids - 1].pid;
+        }
+    }
+    for (int g = t->first; rc == RX_OK && g < t->first + t->n_local; g++) {
+        rx_topo_rank (t, g, run_dir, &ca.rank);
+        rc = s_spawn (s, ca.rank.role, s_sched_body, &ca, err);
+        if (rc == RX_OK && g == 0 && t->dp_size == 1) s->sched_pid = s->kids[s->n_kids - 1].pid;
+    }
+    return rc;
 }
 
 static char *s_default_name (const char *path)
@@ -1542,25 +1626,94 @@ static void s_stop_children (rx_server_t *s)
         struct rx_err err = { 0 };
         rx_ipc_send (s->to_sched, &m, 200, &err);
     }
-    /* Only the scheduler tells the detokenizer to stop; without it, the
-     * detokenizer has nothing left to do. */
-    if (s->sched_pid <= 0 && s->detok_pid > 0) kill (s->detok_pid, SIGKILL);
+    /* SHUTDOWN flows from the child main talks to through every other one;
+     * without it, the rest have nothing left to do. */
+    if (s->sched_pid <= 0) s_kill_kids (s, "");
     double until = s_now () + 3.0;
-    while ((s->sched_pid > 0 || s->detok_pid > 0) && s_now () < until) {
+    while (s_kids_alive (s) && s_now () < until) {
         int st;
         pid_t pid = waitpid (-1, &st, WNOHANG);
-        if (pid == s->sched_pid) s->sched_pid = 0;
-        else if (pid == s->detok_pid) s->detok_pid = 0;
-        else if (pid <= 0) usleep (20000);
+        if (pid <= 0) {
+            usleep (20000);
+            continue;
+        }
+        for (size_t i = 0; i < s->n_kids; i++)
+            if (s->kids[i].pid == pid) s->kids[i].pid = 0;
     }
-    pid_t left[2] = { s->sched_pid, s->detok_pid };
-    for (int i = 0; i < 2; i++) {
-        if (left[i] <= 0) continue;
-        if (left[i] == s->sched_pid) rx_warn ("killing the scheduler process (pid %d): it did not stop", (int) left[i]);
-        kill (left[i], SIGKILL);
-        waitpid (left[i], NULL, 0);
+    for (size_t i = 0; i < s->n_kids; i++) {
+        if (s->kids[i].pid <= 0) continue;
+        char who[96];
+        s_kid_name (&s->kids[i], who, sizeof who);
+        rx_warn ("killing the %s (pid %d): it did not stop", who, (int) s->kids[i].pid);
+        kill (s->kids[i].pid, SIGKILL);
+        waitpid (s->kids[i].pid, NULL, 0);
+        s->kids[i].pid = 0;
     }
-    s->sched_pid = s->detok_pid = 0;
+    s->sched_pid = 0;
+}
+
+/* A node other than 0 ([parallel] node_rank > 0): it runs its share of the
+ * ranks and nothing else (no HTTP, no detokenizer); its ranks meet node
+ * 0's over tcp.  It stops when node 0 stops them (their control group tells
+ * them), on SIGTERM/SIGINT (it kills them), or when one dies (exit 1: the
+ * other nodes' ranks then time out in their collectives and node 0 stops
+ * too). */
+static int s_node_main (rx_server_t *s, struct rx_boot *boot)
+{
+    struct rx_err err = { 0 };
+    sigset_t set;
+    sigemptyset (&set);
+    sigaddset (&set, SIGCHLD);
+    sigaddset (&set, SIGTERM);
+    sigaddset (&set, SIGINT);
+    sigprocmask (SIG_BLOCK, &set, NULL);   /* rx_child_spawn unblocks them in the children */
+    int code = 1;
+    if (!(s->ipc = rx_ipc_create ("radixd", &err)) ||
+        s_spawn_children (s, boot, rx_ipc_run_dir (s->ipc), &err) != RX_OK) {
+        rx_error ("%s", err.msg);
+        goto out;
+    }
+    rx_info ("ready: node %d of %d runs ranks %d..%d of tp_size %d, control plane tcp://%s:%d",
+             s->topo.node_rank, s->topo.nnodes, s->topo.first, s->topo.first + s->topo.n_local - 1,
+             s->topo.tp_size, s->topo.dist_host, s->topo.dist_port);
+    for (;;) {
+        int sig = sigwaitinfo (&set, NULL);
+        if (sig == SIGTERM || sig == SIGINT) {
+            rx_info ("signal %d: stopping this node's ranks", sig);
+            code = 0;
+            break;
+        }
+        if (sig != SIGCHLD) continue;
+        int st;
+        pid_t pid;
+        int done = 0;
+        while ((pid = waitpid (-1, &st, WNOHANG)) > 0) {
+            for (size_t i = 0; i < s->n_kids; i++) {
+                if (s->kids[i].pid != pid) continue;
+                s->kids[i].pid = 0;
+                char how[128], who[96];
+                rx_child_describe (st, how, sizeof how);
+                s_kid_name (&s->kids[i], who, sizeof who);
+                int clean = WIFEXITED (st) && WEXITSTATUS (st) == 0;
+                if (clean) rx_info ("the %s (pid %d) %s", who, (int) pid, how);
+                else rx_error ("the %s (pid %d) %s; stopping this node", who, (int) pid, how);
+                if (!clean) done = 1;
+            }
+        }
+        if (done) break;
+        if (!s_kids_alive (s)) {
+            code = 0;
+            break;
+        }
+    }
+out:
+    s_kill_kids (s, "");
+    for (size_t i = 0; i < s->n_kids; i++)
+        if (s->kids[i].pid > 0) waitpid (s->kids[i].pid, NULL, 0);
+    free (s->kids);
+    rx_ipc_destroy (&s->ipc);
+    if (code == 0) rx_info ("stopped");
+    return code;
 }
 
 int rx_server_main (struct rx_boot *boot)
@@ -1588,8 +1741,13 @@ int rx_server_main (struct rx_boot *boot)
 
     struct rx_err err = { 0 };
     int code = 1;
-    struct s_child_arg ca = { boot, NULL };
+    struct s_child_arg ca = { .boot = boot };
     signal (SIGPIPE, SIG_IGN);
+    if (rx_topo_from_conf (s->conf, &s->topo, &err) != RX_OK) {
+        rx_error ("%s", err.msg);
+        return 1;
+    }
+    if (s->topo.node_rank > 0) return s_node_main (s, boot);
     if (s_open_model (s, &err) != RX_OK) {
         rx_error ("%s", err.msg);
         goto out;
@@ -1619,19 +1777,21 @@ int rx_server_main (struct rx_boot *boot)
         goto out;
     }
     ca.run_dir = rx_ipc_run_dir (s->ipc);
-    if ((s->detok_pid = rx_child_spawn ("detok", s_detok_body, &ca, &err)) < 0 ||
-        (s->sched_pid = rx_child_spawn ("sched", s_sched_body, &ca, &err)) < 0) {
+    if (s_spawn_children (s, boot, ca.run_dir, &err) != RX_OK) {
         rx_error ("%s", err.msg);
-        if (s->detok_pid < 0) s->detok_pid = 0;
-        if (s->sched_pid < 0) s->sched_pid = 0;
         goto out;
     }
     if (!(s->in = rx_ipc_bind (s->ipc, RX_IPC_PULL, RX_SOCK_MAIN, &err))) {
         rx_error ("%s", err.msg);
         goto out;
     }
-    rx_info ("started the scheduler (pid %d) and the detokenizer (pid %d); run directory %s",
-             (int) s->sched_pid, (int) s->detok_pid, ca.run_dir);
+    if (s->topo.world > 1)
+        rx_info ("started %d scheduler rank(s) (tp_size %d, dp_size %d%s), the detokenizer%s; run directory %s",
+                 s->topo.n_local, s->topo.tp_size, s->topo.dp_size, s->topo.nnodes > 1 ? ", this node's share" : "",
+                 s->topo.dp_size > 1 ? " and the DP controller" : "", ca.run_dir);
+    else
+        rx_info ("started the scheduler (pid %d) and the detokenizer (pid %d); run directory %s",
+                 (int) s->sched_pid, (int) s->kids[0].pid, ca.run_dir);
     if (!(s->to_sched = rx_ipc_connect (s->ipc, RX_IPC_PUSH, RX_SOCK_SCHED, &err))) {
         rx_error ("%s", err.msg);
         goto out;
@@ -1665,6 +1825,7 @@ out:
     rx_tokenizer_free (&s->tok);
     rx_gguf_close (&s->gguf);
     free (s->served_name);
+    free (s->kids);
     if (code == 0) rx_info ("stopped");
     return code;
 }

@@ -114,6 +114,44 @@ static const struct rx_cfg_key s_server[] = {
     { NULL, 0, NULL, NULL, 0, 0, NULL }
 };
 
+static const struct rx_cfg_key s_parallel[] = {
+    { "tp_size", RX_CFG_INT, "1",
+      "tensor-parallel ranks per replica: one scheduler process each, the model's heads and FFN split across them",
+      1, 256, NULL },
+    { "dp_size", RX_CFG_INT, "1",
+      "data-parallel replicas; more than 1 starts a DP controller that dispatches requests ([dp] policy)",
+      1, 256, NULL },
+    { "comm", RX_CFG_STRING, "shm",
+      "comm plugin (comm-<comm>.so) for tensors between ranks: shm (CPU, one host), zmq (CPU, across hosts), nccl (GPU)",
+      0, 0, NULL },
+    { "comm_timeout", RX_CFG_DURATION, "60",
+      "a collective or control message that does not complete within this is fatal: the daemon exits with the reason",
+      0.1, 86400, NULL },
+    { "check_determinism", RX_CFG_BOOL, "false",
+      "debug: every step, the ranks of a TP group compare a hash of their batch; the first mismatch stops the daemon",
+      0, 0, NULL },
+    { "nnodes", RX_CFG_INT, "1", "machines serving this model together (see docs/multi-node.md)",
+      1, 256, NULL },
+    { "node_rank", RX_CFG_INT, "0",
+      "this machine's index, 0 .. nnodes-1; node 0 serves HTTP, the others run their share of the ranks",
+      0, 255, NULL },
+    { "dist_init_addr", RX_CFG_STRING, NULL,
+      "host:port of node 0 that every node reaches (control plane over tcp, ports port..port+2); needed when nnodes > 1",
+      0, 0, NULL },
+    { NULL, 0, NULL, NULL, 0, 0, NULL }
+};
+
+static const struct rx_cfg_key s_dp[] = {
+    { "policy", RX_CFG_STRING, "round_robin",
+      "route policy plugin (route-<policy>.so) the DP controller dispatches with: round_robin, shortest_queue, cache_aware, ...",
+      0, 0, NULL },
+    { NULL, 0, NULL, NULL, 0, 0, NULL }
+};
+
+static const struct rx_cfg_key s_none[] = {
+    { NULL, 0, NULL, NULL, 0, 0, NULL }
+};
+
 static const struct rx_conf_section s_schema[] = {
     { "server", "the HTTP server of radixd", s_server, 0 },
     { "log", "logging", rx_settings_log_keys, 0 },
@@ -126,12 +164,20 @@ static const struct rx_conf_section s_schema[] = {
     { "cache", "KV memory and the radix prefix cache", s_cache, 0 },
     { "scheduler", "request scheduling; [scheduler.<policy>] configures one policy", s_scheduler,
       RX_KIND_SCHED_POLICY },
+    { "parallel", "ranks: tensor and data parallelism, the comm plugin, several machines", s_parallel, 0 },
+    { "comm", "[comm.<plugin>] configures one comm plugin (e.g. [comm.shm] buffer_size)", s_none,
+      RX_KIND_COMM },
+    { "dp", "the DP controller (dp_size > 1)", s_dp, 0 },
+    { "router", "[router.<policy>] configures the DP controller's route policy (e.g. [router.cache_aware])",
+      s_none, RX_KIND_ROUTE_POLICY },
     { NULL, NULL, NULL, 0 }
 };
 
 static const struct rx_plugin_ref s_refs[] = {
     { "kernels", "backend", RX_KIND_KERNELS },
     { "scheduler", "policy", RX_KIND_SCHED_POLICY },
+    { "parallel", "comm", RX_KIND_COMM },
+    { "dp", "policy", RX_KIND_ROUTE_POLICY },
     { NULL, NULL, 0 }
 };
 
