@@ -252,53 +252,25 @@ static void s_handle (struct s_proc *p, struct rx_ipc_msg *m)
     rx_ipc_msg_free (m);
 }
 
-/* FNV-1a over the step's outputs: what the batch was, as far as anything
- * outside this rank can tell. */
-static uint64_t s_fnv (uint64_t h, const void *data, size_t n)
+/* [parallel] check_determinism, as the scheduler's batch hook: every rank
+ * all-gathers the hash of the batch it is about to run; any difference
+ * fails the step on every rank before the model's collectives see
+ * mismatched shapes, and stops the daemon with both hashes. */
+static int s_check_batch (void *ud, uint64_t step, uint64_t h, struct rx_err *err)
 {
-    const uint8_t *b = data;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
-    return h;
-}
-
-static uint64_t s_out_hash (const struct rx_sched_out *out)
-{
-    uint64_t h = 14695981039346656037ull;
-    int32_t head[4] = { out->kind, out->n_seq, out->n_tokens, out->n_retracted };
-    h = s_fnv (h, head, sizeof head);
-    for (uint32_t i = 0; i < out->tokens.n; i++) {
-        const struct rx_ipc_tok_out *t = &out->tokens.out[i];
-        h = s_fnv (h, &t->rid, sizeof t->rid);
-        h = s_fnv (h, &t->index, sizeof t->index);
-        h = s_fnv (h, &t->finish, sizeof t->finish);
-        if (t->n_ids) h = s_fnv (h, t->ids, t->n_ids * sizeof *t->ids);
-    }
-    return h;
-}
-
-/* [parallel] check_determinism: every rank all-gathers its step hash; any
- * difference stops this rank (and so the daemon) with both hashes. */
-static void s_check_step (struct s_proc *p, const struct rx_sched_out *out)
-{
-    uint64_t h = s_out_hash (out), *all = NULL;
-    struct rx_err err = { 0 };
-    if (rx_zgroup_allgather (p->zg, &h, sizeof h, (void **) &all, NULL, -1, &err) != RX_OK) {
-        rx_log (RX_LOG_ERROR, "scheduler: determinism check at step %llu: %s",
-                (unsigned long long) p->n_iter, err.msg);
-        p->lost = 1;
-        return;
-    }
-    for (int r = 1; r < p->o.tp_size; r++)
-        if (all[r] != all[0]) {
-            rx_log (RX_LOG_ERROR,
-                    "scheduler: ranks diverged at step %llu: rank %d's batch hash %016llx differs from "
-                    "rank 0's %016llx ([parallel] check_determinism); stopping",
-                    (unsigned long long) p->n_iter, r, (unsigned long long) all[r],
-                    (unsigned long long) all[0]);
-            p->lost = 1;
-            break;
-        }
+    struct s_proc *p = ud;
+    uint64_t *all = NULL;
+    int rc = rx_zgroup_allgather (p->zg, &h, sizeof h, (void **) &all, NULL, -1, err);
+    if (rc != RX_OK) return rc;
+    for (int r = 1; r < p->o.tp_size && rc == RX_OK; r++)
+        if (all[r] != all[0])
+            rc = rx_err_set (err, RX_EINTERNAL,
+                             "ranks diverged at step %llu: rank %d's batch hash %016llx differs from rank 0's "
+                             "%016llx ([parallel] check_determinism)",
+                             (unsigned long long) step, r, (unsigned long long) all[r],
+                             (unsigned long long) all[0]);
     free (all);
+    return rc;
 }
 
 /* One scheduler step; rank 0 sends its outputs to the detokenizer.  Returns
@@ -315,9 +287,16 @@ static int s_step (struct s_proc *p)
         rx_sched_abort (p->sched, p->live[0].rid);
     }
     int rc = rx_sched_step (p->sched, &out, &err);
-    if (rc != RX_OK)
+    if (rc != RX_OK && p->zg) {
+        /* A failed step of a group (a collective timed out, a peer is
+         * gone) cannot be retried in step with the others: stop now, and
+         * tell the other ranks why so they do not wait out their timeout. */
+        rx_log (RX_LOG_ERROR, "scheduler: step failed on rank %d of %d; stopping: %s", p->o.tp_rank,
+                p->o.tp_size, err.msg);
+        rx_zgroup_abort (p->zg, &err);
+        p->lost = 1;
+    } else if (rc != RX_OK)
         rx_log (RX_LOG_ERROR, "scheduler: step failed, its requests are aborted: %s", err.msg);
-    if (p->zg && p->o.check_determinism) s_check_step (p, &out);
     p->n_done = 0;
     for (uint32_t i = 0; i < out.tokens.n; i++)
         if (out.tokens.out[i].finish != RX_FINISH_NONE) s_live_finish (p, out.tokens.out[i].rid);
@@ -441,6 +420,7 @@ static int s_start (struct s_proc *p, const struct rx_sched_proc_opts *o)
         rx_log (RX_LOG_ERROR, "%s", err.msg);
         return 1;
     }
+    if (p->zg && p->o.check_determinism) rx_sched_set_batch_hook (p->sched, s_check_batch, p);
     if (p->hb) rx_heartbeat_beat (p->hb);
     p->n_vocab = (uint32_t) rx_engine_info (p->engine)->n_vocab;
     uint64_t bpt = rx_engine_info (p->engine)->kv_bytes_per_token;

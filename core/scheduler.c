@@ -78,6 +78,8 @@ struct s_list {
 struct rx_sched {
     struct rx_boot *boot;
     rx_engine_t *engine;
+    rx_sched_batch_hook batch_hook;  /* rx_sched_set_batch_hook */
+    void *batch_hook_ud;
     struct rx_sched_opts o;
     int32_t n_vocab, ctx, engine_max_tokens;
     rx_kvpool_t *pool;
@@ -1125,6 +1127,39 @@ static int s_sample (rx_sched_t *s, struct s_req *r, const float *raw)
 
 /* ------------------------------------------------------------- step -- */
 
+/* FNV-1a over what the forward pass is about to run: the kind, and per
+ * sequence its request, sibling, new tokens, KV length and last token. */
+static uint64_t s_batch_hash (const rx_sched_t *s, int kind)
+{
+    uint64_t h = 14695981039346656037ull;
+    uint64_t v[6];
+    for (size_t i = 0; i <= s->batch.n; i++) {
+        if (i == s->batch.n) {
+            v[0] = (uint64_t) kind;
+            v[1] = s->batch.n;
+            v[2] = v[3] = v[4] = v[5] = 0;
+        } else {
+            const struct s_req *r = s->batch.v[i];
+            v[0] = r->rid;
+            v[1] = r->index;
+            v[2] = r->extend;
+            v[3] = r->n_kv;
+            v[4] = r->len;
+            v[5] = r->len ? (uint64_t) (uint32_t) r->toks[r->len - 1] : 0;
+        }
+        const uint8_t *b = (const uint8_t *) v;
+        for (size_t k = 0; k < sizeof v; k++) h = (h ^ b[k]) * 1099511628211ull;
+    }
+    return h;
+}
+
+void rx_sched_set_batch_hook (rx_sched_t *s, rx_sched_batch_hook fn, void *ud)
+{
+    if (!s) return;
+    s->batch_hook = fn;
+    s->batch_hook_ud = ud;
+}
+
 int rx_sched_step (rx_sched_t *s, struct rx_sched_out *out, struct rx_err *err)
 {
     memset (out, 0, sizeof *out);
@@ -1155,7 +1190,8 @@ int rx_sched_step (rx_sched_t *s, struct rx_sched_out *out, struct rx_err *err)
     out->n_seq = (int32_t) s->batch.n;
     for (size_t i = 0; i < s->batch.n; i++) out->n_tokens += (int32_t) s->batch.v[i]->extend;
 
-    rc = s_forward (s, err);
+    rc = s->batch_hook ? s->batch_hook (s->batch_hook_ud, s->step, s_batch_hash (s, out->kind), err) : RX_OK;
+    if (rc == RX_OK) rc = s_forward (s, err);
     if (rc) {
         /* The batch cannot run: abort its requests (one clear error up). */
         for (size_t i = 0; i < s->batch.n; i++) {

@@ -154,6 +154,17 @@ enum { RX_SCHED_IDLE = 0, RX_SCHED_PREFILL = 1, RX_SCHED_DECODE = 2 };
  * out) -- the caller logs it and may go on. */
 int rx_sched_step (rx_sched_t *s, struct rx_sched_out *out, struct rx_err *err);
 
+/* Called by rx_sched_step after the batch is formed and before the model
+ * runs, with the step number and a hash of the batch (kind; per sequence
+ * its rid, sibling index, new tokens, KV length and last token).  A
+ * non-OK return fails the step before the forward pass, exactly as an
+ * engine error does (the batch's requests are aborted, the error returned).
+ * The peer schedulers' determinism check ([parallel] check_determinism)
+ * compares the hash across ranks here, before mismatched batches reach the
+ * model's collectives.  fn NULL removes the hook. */
+typedef int (*rx_sched_batch_hook) (void *ud, uint64_t step, uint64_t hash, struct rx_err *err);
+void rx_sched_set_batch_hook (rx_sched_t *s, rx_sched_batch_hook fn, void *ud);
+
 /* 1 when nothing is waiting, running or pending output. */
 int rx_sched_idle (const rx_sched_t *s);
 

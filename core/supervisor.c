@@ -37,9 +37,13 @@ pid_t rx_child_spawn (const char *role, rx_child_fn fn, void *arg, struct rx_err
     sigset_t none;
     sigemptyset (&none);
     sigprocmask (SIG_SETMASK, &none, NULL);
+    /* ps / top show which child is which: "radixd:sched", or the role
+     * alone ("sched.dp1.tp0") when the prefix would not fit the kernel's
+     * 15 characters and ranks would look alike. */
     char comm[16];
-    snprintf (comm, sizeof comm, "radixd:%s", role);
-    prctl (PR_SET_NAME, comm);   /* ps / top show which child is which */
+    if (strlen ("radixd:") + strlen (role) < sizeof comm) snprintf (comm, sizeof comm, "radixd:%s", role);
+    else snprintf (comm, sizeof comm, "%s", role);
+    prctl (PR_SET_NAME, comm);
     rx_log_set_role (role, NULL);
     _exit (fn (arg));
 }

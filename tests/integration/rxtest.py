@@ -573,13 +573,14 @@ class Daemon(LoggedProcess):
     sections: {"server": {...}, "scheduler": {...}, ...} merged over the
     defaults below (a value of None removes a key).  port: "free" (pick a
     free port and write it), 0 (let radixd choose; parsed from the ready
-    line) or a number."""
+    line) or a number.  env: extra environment variables for radixd."""
 
     READY_RE = re.compile(r"https?://(\[[^\]]*\]|[^\s/:]+):(\d+)")
     what = "radixd"
 
-    def __init__(self, model_name="tiny", sections=None, port="free", name=None):
+    def __init__(self, model_name="tiny", sections=None, port="free", name=None, env=None):
         self.name = name or model_name
+        self.env = dict(env or {})   # extra environment variables for radixd
         self.model_name = model_name
         self.model_path = model(model_name)
         self.ctx_len = ctx_len(model_name)
@@ -629,7 +630,7 @@ class Daemon(LoggedProcess):
         self.log_file = open(self.log_path, "wb")
         self.proc = subprocess.Popen([os.environ["RADIXD"], "-c", self.ini_path],
                                      stdin=subprocess.DEVNULL, stdout=self.log_file,
-                                     stderr=subprocess.STDOUT, env=_child_env(),
+                                     stderr=subprocess.STDOUT, env=dict(_child_env(), **self.env),
                                      start_new_session=True)
         deadline = time.monotonic() + timeout
         while True:

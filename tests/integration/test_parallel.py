@@ -1,0 +1,484 @@
+#!/usr/bin/env python3
+"""radixd's multi-rank modes on one machine ([parallel], core/topology.h),
+with real processes on the "tiny" model (4 heads, 2 KV heads: splits over 2
+ranks) and one kernel thread per rank:
+
+- tp_size 2 (comm shm): greedy /generate and /v1/completions outputs equal
+  those of a tp_size 1 daemon (the reference, started once for the file),
+  also for 8 concurrent requests; one scheduler process per rank, named
+  after it.
+- dp_size 2 ([dp] policy round_robin), and dp_size 2 x tp_size 2: the same
+  outputs, both replicas served, the KV total the sum of the replicas'.
+- a rank killed under load: radixd exits non-zero naming it, the requests
+  in flight end, nothing is left behind (processes, /dev/shm segments).
+- [parallel] check_determinism: a rank that diverges (RADIX_TEST_DIVERGE,
+  the scheduler's test hook) stops the daemon; without it the check passes.
+- configurations that cannot work are refused at once, with one line.
+
+Random-weight models have near ties: a different split of a reduction can
+flip the greedy choice where the top two logprobs are within rounding.  So
+an output may differ from the reference only where the reference's top-2
+gap is under 1e-3 and the rank's choice is the reference's second one."""
+
+import http.client
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from rxtest import (Daemon, Fail, _proc_stat, diag, eq, expect, in_thread, proc_name, run,  # noqa: E402
+                    short, stream_json, test, wait_until)
+
+PROMPTS = [
+    "Once upon a time",
+    "The capital of France is",
+    "def fibonacci(n):",
+    "It was a bright cold day in April, and the clocks were striking thirteen.",
+    "1, 2, 3, 4,",
+    "Hello world",
+]
+NTOK = 24
+TIE = 1e-3          # the largest top-2 logprob gap accepted as a near tie
+
+REF = None          # the tp_size 1 daemon
+TP2 = None          # the tp_size 2 daemon, shared by the first tests
+_ref_cache = {}
+PAR = {"kernels": {"threads": "1"}, "cache": {"kv_memory": "64MiB"}}
+
+
+def sections(**par):
+    out = {k: dict(v) for k, v in PAR.items()}
+    out["parallel"] = {k: str(v) for k, v in par.items()}
+    return out
+
+
+def setup():
+    global REF
+    REF = Daemon("tiny", name="tp1", sections=sections()).start().wait_healthy()
+
+
+def teardown():
+    for d in (TP2, REF):
+        if d is not None:
+            d.close()
+
+
+# ---- outputs ----------------------------------------------------------------------
+
+
+def gen_body(prompt, top=0):
+    b = {"text": prompt, "return_logprob": True,
+         "sampling_params": {"max_new_tokens": NTOK, "temperature": 0, "ignore_eos": True}}
+    if top:
+        b["top_logprobs_num"] = top
+    return b
+
+
+def generate(d, prompt, top=0):
+    """(ids, top, text) of a greedy /generate."""
+    j = d.ok_json("POST", "/generate", gen_body(prompt, top))
+    mi = j.get("meta_info") or {}
+    out = mi.get("output_token_logprobs")
+    expect(isinstance(out, list) and len(out) == NTOK, "[%s] /generate %r: output_token_logprobs %s"
+           % (d.name, prompt, short(mi)))
+    return [e[1] for e in out], mi.get("output_top_logprobs"), j["text"], [e[2] for e in out]
+
+
+def complete(d, prompt):
+    j = d.ok_json("POST", "/v1/completions", {"prompt": prompt, "max_tokens": NTOK, "temperature": 0,
+                                              "ignore_eos": True})
+    c = j["choices"][0]
+    eq(c["finish_reason"], "length", "[%s] finish_reason of %r" % (d.name, prompt))
+    eq(j["usage"]["completion_tokens"], NTOK, "[%s] completion_tokens of %r" % (d.name, prompt))
+    return c["text"]
+
+
+def ref(prompt):
+    """The reference daemon's greedy output with the top 2 at each step."""
+    if prompt not in _ref_cache:
+        ids, top, text, pieces = generate(REF, prompt, top=2)
+        expect(isinstance(top, list) and len(top) == NTOK and all(len(t) == 2 for t in top),
+               "reference top logprobs: %s" % short(top))
+        _ref_cache[prompt] = (ids, top, text, pieces)
+    return _ref_cache[prompt]
+
+
+def near_tie(prompt, i, got_id, what):
+    """Position i of prompt's reference is where an output first differs:
+    accepted only as a near tie the output resolved the other way."""
+    ids, top, _, _ = ref(prompt)
+    (lp0, id0, _), (lp1, id1, _) = top[i][0], top[i][1]
+    gap = lp0 - lp1
+    if gap < TIE and (got_id is None or got_id == id1):
+        diag("%s: %r differs from tp1 at token %d, a near tie (top-2 gap %.2g)" % (what, prompt, i, gap))
+        return
+    raise Fail("%s: %r differs from the tp_size 1 output at token %d: got %s, want %d (top-2 %d %.6f / %d "
+               "%.6f, gap %.3g: not a near tie)" % (what, prompt, i, got_id, ids[i], id0, lp0, id1, lp1, gap))
+
+
+def same_ids(prompt, got, what):
+    want = ref(prompt)[0]
+    eq(len(got), len(want), "%s: tokens of %r" % (what, prompt))
+    for i, (a, b) in enumerate(zip(got, want)):
+        if a != b:
+            near_tie(prompt, i, a, what)
+            return
+
+
+def same_text(prompt, got, what):
+    """A completion's text against the reference: where it differs, the
+    token it differs in (from the reference's pieces) must be a near tie."""
+    _, _, want, pieces = ref(prompt)
+    if got == want:
+        return
+    k = 0
+    while k < min(len(got), len(want)) and got[k] == want[k]:
+        k += 1
+    pos = 0
+    for i, p in enumerate(pieces):
+        pos += len(p or "")
+        if pos > k:
+            near_tie(prompt, i, None, what)
+            return
+    raise Fail("%s: text of %r is %r, want %r" % (what, prompt, got, want))
+
+
+def check_all(d, what):
+    for p in PROMPTS:
+        same_ids(p, generate(d, p)[0], "%s /generate" % what)
+        same_text(p, complete(d, p), "%s /v1/completions" % what)
+
+
+def concurrent(d, n, what):
+    """n /v1/completions at once (prompts cycled), all correct."""
+    ps = [PROMPTS[i % len(PROMPTS)] for i in range(n)]
+    for p in ps:
+        ref(p)
+    hs = [in_thread(complete, d, p) for p in ps]
+    for p, h in zip(ps, hs):
+        same_text(p, h.result(timeout=60), "%s concurrent" % what)
+
+
+# ---- processes --------------------------------------------------------------------
+
+
+def sched_roles(d):
+    """{pid: role} of radixd's scheduler children, from their process names
+    (core/supervisor.c: "radixd:<role>")."""
+    out = {}
+    for p in d.children():
+        try:
+            with open("/proc/%d/comm" % p) as f:
+                comm = f.read().strip()
+        except OSError:
+            continue
+        if "detok" not in comm and "dpc" not in comm:   # the detokenizer, the DP controller
+            out[p] = comm.split(":", 1)[-1]
+    return out
+
+
+def tp_rank(role):
+    """The TP rank a scheduler's process name ends with ("sched.tp1",
+    "sched.dp0.tp1"), else None."""
+    m = re.search(r"tp(\d+)$", role)
+    return int(m.group(1)) if m else None
+
+
+def session_left(d):
+    """Live processes still in radixd's session (it runs in its own)."""
+    sid = d.proc.pid
+    left = []
+    for e in os.listdir("/proc"):
+        if not e.isdigit():
+            continue
+        st = _proc_stat(int(e))
+        if st and st[3] == str(sid) and st[0] not in ("Z", "X") and int(e) != sid:
+            left.append(int(e))
+    return left
+
+
+def run_dir(d):
+    m = re.search(r"run directory (\S+)", d.log_text())
+    return m.group(1) if m else None
+
+
+def shm_left(rd):
+    """/dev/shm segments of a run directory's groups (comm-shm names them
+    radix-<run dir base>.tp<d>)."""
+    base = os.path.basename(rd)
+    try:
+        return [f for f in os.listdir("/dev/shm") if f.startswith("radix-" + base)]
+    except OSError:
+        return []
+
+
+def nothing_left(d, what):
+    left = wait_until(lambda: not session_left(d) and not d.live_known_pids(), 5) is None
+    if left:
+        pids = set(session_left(d)) | set(d.live_known_pids())
+        raise Fail("%s: radixd's processes %s outlived it (%s)"
+                   % (what, sorted(pids), "; ".join(proc_name(p) for p in pids)))
+    rd = run_dir(d)
+    expect(rd is not None, "%s: the log names no run directory" % what)
+    eq(shm_left(rd), [], "%s: /dev/shm segments of %s left behind" % (what, rd))
+    expect(not os.path.exists(rd), "%s: run directory %s left behind" % (what, rd))
+
+
+def clean_stop(d, what):
+    d.remember_children()
+    rc = d.stop(timeout=20)
+    eq(rc, 0, "%s: exit status after SIGTERM" % what)
+    nothing_left(d, what)
+
+
+def stats(d):
+    info = d.ok_json("GET", "/get_server_info")
+    st = info.get("stats")
+    expect(isinstance(st, dict), "/get_server_info has no stats: %s" % short(info))
+    return st
+
+
+# ---- tensor parallel --------------------------------------------------------------
+
+
+@test
+def test_tp2_matches_tp1():
+    global TP2
+    TP2 = Daemon("tiny", name="tp2", sections=sections(tp_size=2, comm="shm")).start().wait_healthy()
+    check_all(TP2, "tp2")
+
+
+@test
+def test_tp2_one_process_per_rank():
+    expect(TP2 is not None and TP2.alive(), "the tp_size 2 daemon is not running")
+    roles = sched_roles(TP2)
+    diag("scheduler processes: %s" % roles)
+    eq(len(roles), 2, "scheduler processes of a tp_size 2 daemon (%s)"
+       % "; ".join("%d %s" % (p, proc_name(p)) for p in TP2.children()))
+    # core/supervisor.c names them "radixd:sched.tp0" ... -- as long as the
+    # kernel keeps the end of it (/proc/PID/comm holds 15 characters)
+    eq(sorted(str(tp_rank(r)) for r in roles.values()), ["0", "1"],
+       "TP ranks in the process names %s (/proc/PID/comm holds 15 characters)" % sorted(roles.values()))
+
+
+@test
+def test_tp2_concurrent():
+    expect(TP2 is not None and TP2.alive(), "the tp_size 2 daemon is not running")
+    concurrent(TP2, 8, "tp2")
+    st = stats(TP2)
+    eq(st.get("running"), 0, "running requests after the batch")
+    eq(stats(REF).get("kv_total_tokens"), st.get("kv_total_tokens"),
+       "KV tokens of tp1 and tp2 with the same kv_memory per rank")
+    clean_stop(TP2, "tp2")
+
+
+# ---- data parallel ----------------------------------------------------------------
+
+
+def dispatched(d):
+    m = re.findall(r"dp controller: dispatched ([0-9 /]+) requests", d.log_text())
+    expect(m, "the DP controller logged no \"dispatched\" line; log tail:\n%s" % d.log_tail(15))
+    return [int(x) for x in m[-1].split("/")]
+
+
+def dp_test(name, tp):
+    d = Daemon("tiny", name=name, sections=dict(sections(dp_size=2, tp_size=tp, comm="shm"),
+                                                dp={"policy": "round_robin"})).start().wait_healthy()
+    try:
+        roles = sched_roles(d)
+        diag("scheduler processes: %s" % sorted(roles.values()))
+        eq(len(roles), 2 * tp, "scheduler processes with dp_size 2, tp_size %d" % tp)
+        if len(set(roles.values())) != len(roles):
+            diag("BUG: the ranks' process names are not distinct: %s" % sorted(roles.values()))
+        kv1 = stats(REF)["kv_total_tokens"]
+        concurrent(d, 8, name)
+        for p in PROMPTS[:3]:
+            same_ids(p, generate(d, p)[0], "%s /generate" % name)
+        st = stats(d)
+        eq(st.get("kv_total_tokens"), 2 * kv1, "%s: KV tokens (two replicas of tp1's)" % name)
+        expect(st.get("finished", 0) >= 11, "%s: finished requests in the stats: %s" % (name, short(st)))
+        m = d.metrics()
+        expect("radix_" in m, "%s: /metrics has no radix_ samples" % name)
+        clean_stop(d, name)
+        per = dispatched(d)
+        diag("%s: requests per replica: %s" % (name, per))
+        eq(len(per), 2, "%s: replicas in the dispatched line" % name)
+        expect(min(per) >= 1 and sum(per) >= 11, "%s: dispatched %s: both replicas must serve" % (name, per))
+        expect(abs(per[0] - per[1]) <= 1, "%s: round_robin dispatched %s" % (name, per))
+    finally:
+        d.close()
+
+
+@test
+def test_dp2_round_robin():
+    dp_test("dp2", 1)
+
+
+@test
+def test_dp2_tp2():
+    dp_test("dp2tp2", 2)
+
+
+# ---- a rank dies ------------------------------------------------------------------
+
+
+@test
+def test_kill_rank_under_load():
+    # the slow model (8 heads, 2 KV heads) keeps 4 long streams running
+    d = Daemon("slow", name="kill-tp1", sections=sections(tp_size=2, comm="shm")).start()
+    try:
+        roles = sched_roles(d)
+        victim = [p for p, r in roles.items() if tp_rank(r) == 1]
+        if not victim:
+            # process names truncated (see test_tp2_one_process_per_rank):
+            # the ranks are forked in order, so rank 1 starts last
+            sched = sorted(roles, key=lambda p: int(_proc_stat(p)[19]) * 10 ** 7 + p)
+            expect(len(sched) == 2, "scheduler processes: %s" % roles)
+            victim = sched[-1:]
+            diag("no process named sched.tp1 (%s): killing the later-started one" % roles)
+        victim = victim[0]
+        first = threading.Semaphore(0)
+        hs = []
+        for i in range(4):
+            body = {"prompt": PROMPTS[i], "max_tokens": 3000, "ignore_eos": True, "stream": True}
+            hs.append(in_thread(stream_json, d.port, "/v1/completions", body, timeout=60,
+                                on_event=lambda k, p: first.release() if k == 0 else None))
+        for _ in range(4):
+            expect(first.acquire(timeout=30), "not every stream started within 30 s")
+        d.remember_children()
+        t0 = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        rc = d.wait(15)
+        dt = time.monotonic() - t0
+        expect(rc is not None, "radixd still running 15 s after rank 1 was killed")
+        expect(rc != 0, "radixd exited with status 0 after a rank was killed")
+        expect(dt < 10, "radixd took %.1f s to stop after a rank was killed" % dt)
+        log = d.log_text()
+        want = "scheduler process sched.tp1 (pid %d) was killed by signal 9" % victim
+        expect(want in log, "the log does not say %r; tail:\n%s" % (want, d.log_tail(20)))
+        diag("exit status %d %.1f s after SIGKILL" % (rc, dt))
+        for i, h in enumerate(hs):
+            try:
+                chunks = h.result(timeout=10)[1]
+                n = sum(len(c["choices"][0].get("text", "")) for c in chunks if c.get("choices"))
+                fins = [c["choices"][0]["finish_reason"] for c in chunks
+                        if c.get("choices") and c["choices"][0].get("finish_reason")]
+                expect(fins in ([], ["abort"]), "stream %d ended with finish_reason %s (%d chars) though its rank "
+                       "died" % (i, fins, n))
+                diag("stream %d ended without finishing (finish %s)" % (i, fins))
+            except (OSError, http.client.HTTPException, Fail) as e:
+                if isinstance(e, Fail) and "still running" in str(e):
+                    raise
+                diag("stream %d broke off: %s" % (i, short(str(e), 160)))
+        nothing_left(d, "rank 1 killed")
+    finally:
+        d.close()
+
+
+# ---- determinism check ------------------------------------------------------------
+
+
+@test
+def test_determinism_check_catches_divergence():
+    d = Daemon("tiny", name="diverge", env={"RADIX_TEST_DIVERGE": "1:5"},
+               sections=dict(sections(tp_size=2, comm="shm", check_determinism="true"))).start()
+    try:
+        d.remember_children()
+        hs = [in_thread(d.post, "/v1/completions", {"prompt": p, "max_tokens": NTOK, "ignore_eos": True},
+                        timeout=30) for p in PROMPTS[:3]]
+        rc = d.wait(15)
+        expect(rc is not None, "radixd still running 15 s after rank 1 diverged; log tail:\n%s" % d.log_tail(15))
+        expect(rc != 0, "radixd exited with status 0 after the ranks diverged")
+        log = d.log_text()
+        expect("RADIX_TEST_DIVERGE" in log, "the test hook did not fire; log tail:\n%s" % d.log_tail(15))
+        m = re.search(r".*ranks diverged at step.*", log)
+        expect(m, "no \"ranks diverged at step\" line; log tail:\n%s" % d.log_tail(15))
+        diag(m.group(0))
+        for h in hs:
+            try:
+                r = h.result(timeout=10)
+                diag("a request in flight: HTTP %d" % r.status)
+            except (OSError, http.client.HTTPException) as e:
+                diag("a request in flight broke off: %s" % type(e).__name__)
+        nothing_left(d, "diverged")
+    finally:
+        d.close()
+
+
+@test
+def test_determinism_check_passes_when_ranks_agree():
+    d = Daemon("tiny", name="determinism",
+               sections=sections(tp_size=2, comm="shm", check_determinism="true")).start().wait_healthy()
+    try:
+        check_all(d, "check_determinism")
+        concurrent(d, 8, "check_determinism")
+        expect("diverged" not in d.log_text(), "ranks reported diverged: %s" % d.log_tail(10))
+        clean_stop(d, "check_determinism")
+    finally:
+        d.close()
+
+
+# ---- refused configurations -------------------------------------------------------
+
+
+def refused(what, par, want_re, model_name="tiny"):
+    """radixd with this [parallel] must exit 1 quickly, with one error line
+    matching want_re (and naming the file), leaving nothing behind."""
+    d = Daemon(model_name, name=what, sections=sections(**par))
+    try:
+        t0 = time.monotonic()
+        d.log_file = open(d.log_path, "wb")
+        d.proc = subprocess.Popen([os.environ["RADIXD"], "-c", d.ini_path], stdin=subprocess.DEVNULL,
+                                  stdout=d.log_file, stderr=subprocess.STDOUT,
+                                  env=dict(os.environ, RADIX_PLUGIN_PATH=os.environ["RX_PLUGIN_BUILD_DIR"]),
+                                  start_new_session=True)
+        rc = d.wait(20)
+        dt = time.monotonic() - t0
+        expect(rc is not None, "%s: radixd still running 20 s later; log:\n%s" % (what, d.log_tail(15)))
+        eq(rc, 1, "%s: exit status (log: %s)" % (what, d.log_tail(5)))
+        # errors of the running daemon are logged (ERROR); those found while
+        # reading the configuration go to stderr as "radixd: ..."
+        errs = [ln for ln in d.log_text().splitlines() if re.search(r"\bERROR\b|^radixd: ", ln)]
+        expect(errs, "%s: no error line; log:\n%s" % (what, d.log_tail(10)))
+        hit = [ln for ln in errs if re.search(want_re, ln)]
+        expect(hit, "%s: no error line matches %r; errors:\n%s" % (what, want_re, "\n".join(errs)))
+        expect(d.log_text().count("ERROR") <= 4, "%s: a cascade of errors:\n%s" % (what, d.log_tail(15)))
+        expect(not re.search(r"\bready\b", d.log_text()), "%s: radixd logged ready" % what)
+        expect(wait_until(lambda: not session_left(d), 5), "%s: processes left: %s" % (what, session_left(d)))
+        diag("%s: exit 1 after %.1f s: %s" % (what, dt, hit[0]))
+        return hit[0]
+    finally:
+        d.close()
+
+
+@test
+def test_refused_nnodes_with_shm():
+    ln = refused("nnodes+shm", {"nnodes": 2, "tp_size": 2, "comm": "shm", "dist_init_addr": "127.0.0.1:29500"},
+                 r"\[parallel\] comm")
+    expect("radixd.ini" in ln, "the error names no file: %s" % ln)
+
+
+@test
+def test_refused_nnodes_without_dist_init_addr():
+    ln = refused("nnodes-no-addr", {"nnodes": 2, "tp_size": 2, "comm": "zmq"}, r"\[parallel\] dist_init_addr")
+    expect("radixd.ini" in ln, "the error names no file: %s" % ln)
+
+
+@test
+def test_refused_dp_across_nodes():
+    ln = refused("dp+nnodes", {"nnodes": 2, "tp_size": 2, "dp_size": 2, "comm": "zmq",
+                               "dist_init_addr": "127.0.0.1:29500"}, r"\[parallel\] (nnodes|dp_size)")
+    expect("radixd.ini" in ln, "the error names no file: %s" % ln)
+
+
+@test
+def test_refused_tp3_on_4_heads():
+    refused("tp3", {"tp_size": 3, "comm": "shm"}, r"(?i)(tp_size|head).*\b3\b|\b3\b.*(tp_size|head|rank)")
+
+
+if __name__ == "__main__":
+    run(setup, teardown, timeout=170)
