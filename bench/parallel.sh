@@ -2,7 +2,7 @@
 # bench/parallel.sh -- radixd with several ranks on this machine: throughput
 # of tp_size 1 vs 2 and dp_size 1 vs 2 under the same load, and the cost of
 # the peer schedulers' step sync (rank 0's per-step broadcast), which each
-# rank logs at shutdown as a share of the mean busy step.
+# rank logs at shutdown as a share of the mean decode step.
 #
 # usage: bench/parallel.sh [-k REPS] [-c CONFIGS] [-b BUILD_DIR] [-o OUT.md] [MODEL.gguf]
 #   MODEL       default .cache/bench/smollm2-360m-q8_0.gguf
@@ -143,7 +143,7 @@ for c in configs.split(","):
             ttft.append(s["ttft_ms"]["median"])
         log = "%s/%s-%d.log" % (work, c, r)
         if os.path.exists(log):
-            for m in re.finditer(r"step sync ([0-9.]+) us per busy step, ([0-9.]+)% of the mean step \(([0-9.]+) ms",
+            for m in re.finditer(r"step sync ([0-9.]+) us per decode step, ([0-9.]+)% of the mean step \(([0-9.]+) ms",
                                  open(log, errors="replace").read()):
                 sync.append((float(m.group(1)), float(m.group(2)), float(m.group(3))))
     if not tps:

@@ -38,6 +38,8 @@
 #include <radix/comm.h>
 #include <radix/plugin.h>
 
+#include "blocking.h"
+
 #include "zgroup.h"
 
 struct nc {
@@ -363,47 +365,7 @@ static int s_go (void *comm, struct rx_comm_op *op, struct rx_err *err)
     return s_enqueue (comm, op, err);
 }
 
-static int s_all_reduce_b (void *comm, rx_kstream_t *s, const void *send, void *recv, size_t count,
-                           int dtype, int red, struct rx_err *err)
-{
-    struct rx_comm_op op = { .kind = RX_COMM_ALL_REDUCE, .dtype = dtype, .red = red, .send = send,
-                             .recv = recv, .count = count, .stream = s };
-    return s_go (comm, &op, err);
-}
-
-static int s_all_gather_b (void *comm, rx_kstream_t *s, const void *send, void *recv, size_t count,
-                           int dtype, struct rx_err *err)
-{
-    struct rx_comm_op op = { .kind = RX_COMM_ALL_GATHER, .dtype = dtype, .send = send, .recv = recv,
-                             .count = count, .stream = s };
-    return s_go (comm, &op, err);
-}
-
-static int s_reduce_scatter_b (void *comm, rx_kstream_t *s, const void *send, void *recv,
-                               size_t count, int dtype, int red, struct rx_err *err)
-{
-    struct rx_comm_op op = { .kind = RX_COMM_REDUCE_SCATTER, .dtype = dtype, .red = red,
-                             .send = send, .recv = recv, .count = count, .stream = s };
-    return s_go (comm, &op, err);
-}
-
-static int s_all_to_all_v_b (void *comm, rx_kstream_t *s, const void *send, const size_t *send_counts,
-                             const size_t *send_displs, void *recv, const size_t *recv_counts,
-                             const size_t *recv_displs, int dtype, struct rx_err *err)
-{
-    struct rx_comm_op op = { .kind = RX_COMM_ALL_TO_ALL_V, .dtype = dtype, .send = send, .recv = recv,
-                             .send_counts = send_counts, .send_displs = send_displs,
-                             .recv_counts = recv_counts, .recv_displs = recv_displs, .stream = s };
-    return s_go (comm, &op, err);
-}
-
-static int s_broadcast_b (void *comm, rx_kstream_t *s, void *buf, size_t count, int dtype, int root,
-                          struct rx_err *err)
-{
-    struct rx_comm_op op = { .kind = RX_COMM_BROADCAST, .dtype = dtype, .root = root, .send = buf,
-                             .recv = buf, .count = count, .stream = s };
-    return s_go (comm, &op, err);
-}
+RX_COMM_BLOCKING_OPS (s_go)
 
 /* Enqueue the one-element all_reduce, then wait for it on the stream. */
 static int s_barrier_b (void *comm, rx_kstream_t *s, struct rx_err *err)

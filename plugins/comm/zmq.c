@@ -37,6 +37,10 @@
 #include <radix/comm.h>
 #include <radix/plugin.h>
 
+#include "blocking.h"
+
+#include "reduce.h"
+
 #include "zgroup.h"
 
 struct zc {
@@ -88,106 +92,6 @@ static int s_break (struct zc *c, struct rx_err *err, int code, const char *fmt,
     rx_err_set (&e, code, "comm-zmq %s rank %d: %s", c->group, c->rank, m);
     rx_zgroup_abort (c->g, &e);
     return rx_err_set (err, code, "%s", e.msg);
-}
-
-/* ---- reductions (f16/bf16 through float; integers wrap) ------------------- */
-
-static inline uint32_t s_f2u (float f) { uint32_t u; memcpy (&u, &f, 4); return u; }
-static inline float s_u2f (uint32_t u) { float f; memcpy (&f, &u, 4); return f; }
-
-/* IEEE half <-> float, round to nearest even (Maratyszcza's FP16, as in
- * comm-shm: both plugins then round alike). */
-static inline float s_h2f (uint16_t h)
-{
-    uint32_t w = (uint32_t) h << 16, sign = w & 0x80000000u, two_w = w + w;
-    float norm = s_u2f ((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
-    float den = s_u2f ((two_w >> 17) | (126u << 23)) - 0.5f;
-    return s_u2f (sign | (two_w < (1u << 27) ? s_f2u (den) : s_f2u (norm)));
-}
-
-static inline uint16_t s_f2h (float f)
-{
-    float base = (__builtin_fabsf (f) * 0x1.0p+112f) * 0x1.0p-110f;
-    uint32_t w = s_f2u (f), shl1_w = w + w, sign = w & 0x80000000u;
-    uint32_t bias = shl1_w & 0xFF000000u;
-    if (bias < 0x71000000u) bias = 0x71000000u;
-    base = s_u2f ((bias >> 1) + 0x07800000u) + base;
-    uint32_t bits = s_f2u (base);
-    uint32_t nonsign = ((bits >> 13) & 0x7C00u) + (bits & 0x0FFFu);
-    return (uint16_t) ((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
-}
-
-static inline float s_b2f (uint16_t b) { return s_u2f ((uint32_t) b << 16); }
-
-static inline uint16_t s_f2b (float f)
-{
-    uint32_t u = s_f2u (f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t) ((u >> 16) | 0x40);  /* quiet NaN */
-    return (uint16_t) ((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
-}
-
-#define S_ID(x)        (x)
-#define S_SUM(a, b)    ((a) + (b))
-#define S_MAX(a, b)    ((b) > (a) ? (b) : (a))
-#define S_MIN(a, b)    ((b) < (a) ? (b) : (a))
-#define S_SUMU32(a, b) ((int32_t) ((uint32_t) (a) + (uint32_t) (b)))
-#define S_SUMU64(a, b) ((int64_t) ((uint64_t) (a) + (uint64_t) (b)))
-
-/* dst[i] = OP over r = 0..n-1 (in that order) of src[r][i].  Loads go
- * through memcpy: the blocks sit at arbitrary offsets of one buffer. */
-#define S_RED_FN(NAME, T, A, LOAD, STORE, OP)                                   \
-    static void NAME (void *dst, const unsigned char *const *src, int n, size_t cnt) \
-    {                                                                           \
-        for (size_t i = 0; i < cnt; i++) {                                      \
-            T t;                                                                \
-            memcpy (&t, src[0] + i * sizeof t, sizeof t);                       \
-            A acc = LOAD (t);                                                   \
-            for (int r = 1; r < n; r++) {                                       \
-                memcpy (&t, src[r] + i * sizeof t, sizeof t);                   \
-                A v = LOAD (t);                                                 \
-                acc = OP (acc, v);                                              \
-            }                                                                   \
-            t = STORE (acc);                                                    \
-            memcpy ((unsigned char *) dst + i * sizeof t, &t, sizeof t);        \
-        }                                                                       \
-    }
-
-S_RED_FN (s_red_f32_sum, float, float, S_ID, S_ID, S_SUM)
-S_RED_FN (s_red_f32_max, float, float, S_ID, S_ID, S_MAX)
-S_RED_FN (s_red_f32_min, float, float, S_ID, S_ID, S_MIN)
-S_RED_FN (s_red_f16_sum, uint16_t, float, s_h2f, s_f2h, S_SUM)
-S_RED_FN (s_red_f16_max, uint16_t, float, s_h2f, s_f2h, S_MAX)
-S_RED_FN (s_red_f16_min, uint16_t, float, s_h2f, s_f2h, S_MIN)
-S_RED_FN (s_red_bf16_sum, uint16_t, float, s_b2f, s_f2b, S_SUM)
-S_RED_FN (s_red_bf16_max, uint16_t, float, s_b2f, s_f2b, S_MAX)
-S_RED_FN (s_red_bf16_min, uint16_t, float, s_b2f, s_f2b, S_MIN)
-S_RED_FN (s_red_i32_sum, int32_t, int32_t, S_ID, S_ID, S_SUMU32)
-S_RED_FN (s_red_i32_max, int32_t, int32_t, S_ID, S_ID, S_MAX)
-S_RED_FN (s_red_i32_min, int32_t, int32_t, S_ID, S_ID, S_MIN)
-S_RED_FN (s_red_i64_sum, int64_t, int64_t, S_ID, S_ID, S_SUMU64)
-S_RED_FN (s_red_i64_max, int64_t, int64_t, S_ID, S_ID, S_MAX)
-S_RED_FN (s_red_i64_min, int64_t, int64_t, S_ID, S_ID, S_MIN)
-
-typedef void (*s_red_fn) (void *, const unsigned char *const *, int, size_t);
-
-static s_red_fn s_red_pick (int dtype, int red)
-{
-    static const s_red_fn t[5][3] = {
-        { s_red_f32_sum, s_red_f32_max, s_red_f32_min },
-        { s_red_f16_sum, s_red_f16_max, s_red_f16_min },
-        { s_red_bf16_sum, s_red_bf16_max, s_red_bf16_min },
-        { s_red_i32_sum, s_red_i32_max, s_red_i32_min },
-        { s_red_i64_sum, s_red_i64_max, s_red_i64_min },
-    };
-    if (red < RX_COMM_SUM || red > RX_COMM_MIN) return NULL;
-    switch (dtype) {
-    case RX_F32: return t[0][red];
-    case RX_F16: return t[1][red];
-    case RX_BF16: return t[2][red];
-    case RX_I32: return t[3][red];
-    case RX_I64: return t[4][red];
-    default: return NULL;
-    }
 }
 
 /* ---- the collectives ------------------------------------------------------ */
@@ -264,7 +168,7 @@ static int s_blocks (struct zc *c, const unsigned char ***blk, size_t **blen, co
 static int s_reduce (struct zc *c, const struct rx_comm_op *op, size_t elt, int scatter,
                      const char *what, struct rx_err *err)
 {
-    s_red_fn fn = s_red_pick (op->dtype, op->red);
+    rx_red_fn fn = rx_red_pick (op->dtype, op->red);
     size_t bytes = op->count * elt * (scatter ? (size_t) c->n : 1);
     struct s_hd hd = { op->kind, op->dtype, op->red, 0, op->count };
     const unsigned char **blk;
@@ -278,7 +182,7 @@ static int s_reduce (struct zc *c, const struct rx_comm_op *op, size_t elt, int 
             size_t off = (size_t) c->rank * op->count * elt;
             for (int r = 0; r < c->n; r++) blk[r] += off;
         }
-        fn (op->recv, blk, c->n, op->count);
+        fn (op->recv, (const void *const *) blk, c->n, op->count);
     }
     free (all);
     free (blk);
@@ -524,53 +428,8 @@ static int s_go (void *comm, struct rx_comm_op *op, struct rx_err *err)
     return s_run (comm, op, err);
 }
 
-static int s_all_reduce_b (void *comm, rx_kstream_t *s, const void *send, void *recv, size_t count,
-                           int dtype, int red, struct rx_err *err)
-{
-    struct rx_comm_op op = { .kind = RX_COMM_ALL_REDUCE, .dtype = dtype, .red = red, .send = send,
-                             .recv = recv, .count = count, .stream = s };
-    return s_go (comm, &op, err);
-}
-
-static int s_all_gather_b (void *comm, rx_kstream_t *s, const void *send, void *recv, size_t count,
-                           int dtype, struct rx_err *err)
-{
-    struct rx_comm_op op = { .kind = RX_COMM_ALL_GATHER, .dtype = dtype, .send = send, .recv = recv,
-                             .count = count, .stream = s };
-    return s_go (comm, &op, err);
-}
-
-static int s_reduce_scatter_b (void *comm, rx_kstream_t *s, const void *send, void *recv,
-                               size_t count, int dtype, int red, struct rx_err *err)
-{
-    struct rx_comm_op op = { .kind = RX_COMM_REDUCE_SCATTER, .dtype = dtype, .red = red,
-                             .send = send, .recv = recv, .count = count, .stream = s };
-    return s_go (comm, &op, err);
-}
-
-static int s_all_to_all_v_b (void *comm, rx_kstream_t *s, const void *send, const size_t *send_counts,
-                             const size_t *send_displs, void *recv, const size_t *recv_counts,
-                             const size_t *recv_displs, int dtype, struct rx_err *err)
-{
-    struct rx_comm_op op = { .kind = RX_COMM_ALL_TO_ALL_V, .dtype = dtype, .send = send, .recv = recv,
-                             .send_counts = send_counts, .send_displs = send_displs,
-                             .recv_counts = recv_counts, .recv_displs = recv_displs, .stream = s };
-    return s_go (comm, &op, err);
-}
-
-static int s_broadcast_b (void *comm, rx_kstream_t *s, void *buf, size_t count, int dtype, int root,
-                          struct rx_err *err)
-{
-    struct rx_comm_op op = { .kind = RX_COMM_BROADCAST, .dtype = dtype, .root = root, .send = buf,
-                             .recv = buf, .count = count, .stream = s };
-    return s_go (comm, &op, err);
-}
-
-static int s_barrier_b (void *comm, rx_kstream_t *s, struct rx_err *err)
-{
-    struct rx_comm_op op = { .kind = RX_COMM_BARRIER, .stream = s };
-    return s_go (comm, &op, err);
-}
+RX_COMM_BLOCKING_OPS (s_go)
+RX_COMM_BLOCKING_BARRIER (s_go)
 
 /* Runs the op here (no progress thread); wait() returns its status. */
 static int s_start (void *comm, const struct rx_comm_op *op, rx_comm_req_t **req, struct rx_err *err)
