@@ -30,8 +30,23 @@
  * and rounded once) followed by an all-gather, so every rank copies the very
  * same bytes: results are bitwise identical on all ranks.
  *
- * Overlap: none.  start() runs the operation to completion and wait() only
- * hands back its status (allowed by comm.h: correct, not concurrent).
+ * Overlap.  The first start() creates a progress thread for the instance
+ * (a caller that never starts an op never gets one).  start() copies the op
+ * into one of RX_COMM_MAX_INFLIGHT request slots of the instance, queues it
+ * and returns; the thread runs the queued ops one after the other, in start
+ * order, with the same s_run as the blocking calls; wait() sleeps on a
+ * condition variable until its op is done.  A blocking collective first
+ * waits until every started op has run (so every rank runs its collectives,
+ * started or not, in program order), then runs on the caller's thread.
+ * Exactly one thread runs s_run at any time -- the progress thread while
+ * ops are queued, the caller otherwise -- and the hand-over goes through
+ * the mutex, so the instance's run state (generation, buffer use, broken
+ * message) needs no lock of its own.  The driving thread never writes that
+ * state while ops are queued: errors it finds then (bad start, destroy past
+ * the timeout) break the group through the shared header only (s_mark),
+ * and the thread adopts the reason.  destroy() waits for queued ops (at
+ * most timeout_s; then it breaks the group so they fail at once) and joins
+ * the thread.
  *
  * Failure.  A wait past timeout_s, a peer that is gone (pid no longer exists
  * or is a zombie), a peer that destroyed its instance, a mismatch between the
@@ -39,13 +54,16 @@
  * reason and wakes everyone: every rank fails at once, and every later call
  * fails immediately with the same message.
  *
- * Thread-safety: one thread per instance (comm.h). */
+ * Thread-safety: one thread drives an instance (comm.h); the progress
+ * thread is internal. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -126,16 +144,31 @@ struct shm {
     uint64_t use;                     /* buffer uses so far (parity = use & 1) */
     uint64_t opno;                    /* operations so far (for messages) */
     const char *opname;
-    int inflight;
     int broken;
     int bcode;
     char bmsg[RX_ERR_MSG_MAX + 96];    /* "comm-shm <group>: <reason>" (cut to rx_err's size) */
+
+    /* Overlap (see the top): all below under mu once thr_on, except
+     * thr_on itself (written and read by the driving thread only). */
+    int thr_on;                       /* progress thread (and mu, cvs) exist */
+    pthread_t thr;
+    pthread_mutex_t mu;
+    pthread_cond_t work;              /* thread: an op was queued, or stop */
+    pthread_cond_t done;              /* waiters: an op finished */
+    uint64_t issued;                  /* ops started so far (seq of the last one) */
+    uint64_t finished;                /* ops the thread has run (they finish in seq order) */
+    int stop;
+    struct rx_comm_req {
+        struct shm *owner;
+        int state;                    /* S_FREE, S_QUEUED, S_DONE */
+        uint64_t seq;                 /* 1, 2, ... in start order */
+        struct rx_comm_op op;         /* the caller's op, copied (its arrays stay the caller's) */
+        int rc;
+        struct rx_err err;
+    } slot[RX_COMM_MAX_INFLIGHT];
 };
 
-struct rx_comm_req {
-    int rc;
-    struct rx_err err;
-};
+enum { S_FREE = 0, S_QUEUED, S_DONE };
 
 static const struct rx_cfg_key s_keys[] = {
     { "buffer_size", RX_CFG_SIZE, S_DEF_BUF,
@@ -236,38 +269,72 @@ static int s_fail (struct shm *c, struct rx_err *err)
     return rx_err_set (err, c->bcode, "%s", c->bmsg);
 }
 
-/* Adopt the shared reason (someone broke the group). */
-static int s_adopt (struct shm *c, struct rx_err *err)
+/* The shared reason as this rank reports it, into err, code and msg (both
+ * optional); touches nothing of the instance, so the driving thread may
+ * call it while the progress thread runs ops. */
+static int s_shared_reason (struct shm *c, struct rx_err *err, int *code, char *msg, size_t cap)
 {
-    for (int i = 0; i < 100000 && atomic_load (&c->hdr->broken) != 2; i++) s_relax ();
-    c->broken = 1;
-    c->bcode = c->hdr->broken_code ? c->hdr->broken_code : RX_EIO;
+    /* the breaker is between its two stores: let it finish (bounded) */
+    for (int i = 0; i < 101000 && atomic_load (&c->hdr->broken) != 2; i++)
+        if (i < 100000) s_relax (); else sched_yield ();
+    int bc = c->hdr->broken_code ? c->hdr->broken_code : RX_EIO;
     char reason[RX_ERR_MSG_MAX];
     memcpy (reason, c->hdr->reason, sizeof reason);
     reason[sizeof reason - 1] = '\0';
-    snprintf (c->bmsg, sizeof c->bmsg, "comm-shm %s: %s", c->group, reason);
-    return s_fail (c, err);
+    char full[RX_ERR_MSG_MAX + 96];
+    snprintf (full, sizeof full, "comm-shm %s: %s", c->group, reason);
+    if (code) *code = bc;
+    if (msg) snprintf (msg, cap, "%s", full);
+    return rx_err_set (err, bc, "%s", full);
 }
 
-/* Break the group with a reason (the first reason wins) and wake everyone. */
+/* Adopt the shared reason (someone broke the group). */
+static int s_adopt (struct shm *c, struct rx_err *err)
+{
+    c->broken = 1;
+    return s_shared_reason (c, err, &c->bcode, c->bmsg, sizeof c->bmsg);
+}
+
+/* Mark the shared header broken with a reason (the first reason wins) and
+ * wake everyone.  Writes nothing of the instance (see s_shared_reason). */
+static void s_mark (struct shm *c, int code, const char *fmt, va_list ap)
+{
+    uint32_t zero = 0;
+    if (atomic_compare_exchange_strong (&c->hdr->broken, &zero, 1)) {
+        vsnprintf (c->hdr->reason, sizeof c->hdr->reason, fmt, ap);
+        c->hdr->broken_code = code;
+        atomic_store (&c->hdr->broken, 2);
+        for (int r = 0; r < c->n; r++) s_futex_wake (&s_rk (c, r)->arrive);
+        s_futex_wake (&c->hdr->joined);
+    }
+}
+
+/* Break the group with a reason and adopt it (the thread running ops). */
 #if defined(__GNUC__)
 __attribute__ ((format (printf, 4, 5)))
 #endif
 static int s_break (struct shm *c, struct rx_err *err, int code, const char *fmt, ...)
 {
     if (c->broken) return s_fail (c, err);
-    uint32_t zero = 0;
-    if (atomic_compare_exchange_strong (&c->hdr->broken, &zero, 1)) {
-        va_list ap;
-        va_start (ap, fmt);
-        vsnprintf (c->hdr->reason, sizeof c->hdr->reason, fmt, ap);
-        va_end (ap);
-        c->hdr->broken_code = code;
-        atomic_store (&c->hdr->broken, 2);
-        for (int r = 0; r < c->n; r++) s_futex_wake (&s_rk (c, r)->arrive);
-        s_futex_wake (&c->hdr->joined);
-    }
+    va_list ap;
+    va_start (ap, fmt);
+    s_mark (c, code, fmt, ap);
+    va_end (ap);
     return s_adopt (c, err);
+}
+
+/* Break the group from the driving thread while the progress thread may be
+ * running ops: the shared header only; the thread adopts the reason. */
+#if defined(__GNUC__)
+__attribute__ ((format (printf, 4, 5)))
+#endif
+static int s_break_shared (struct shm *c, struct rx_err *err, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start (ap, fmt);
+    s_mark (c, code, fmt, ap);
+    va_end (ap);
+    return s_shared_reason (c, err, NULL, NULL, 0);
 }
 
 static inline int s_is_broken (struct shm *c)
@@ -841,10 +908,13 @@ fail:
     return rc;
 }
 
+static void s_stop_thread (struct shm *c);
+
 static void s_destroy (void *comm)
 {
     struct shm *c = comm;
     if (!c) return;
+    if (c->thr_on) s_stop_thread (c);
     if (c->map) {
         struct s_rank *me = s_rk (c, c->rank);
         atomic_store (&me->left, 1);
@@ -855,31 +925,171 @@ static void s_destroy (void *comm)
     c->host->free_ (c->host, c);
 }
 
+/* ---- progress thread ----------------------------------------------------- */
+
+/* The queued op with sequence number seq (mu held). */
+static struct rx_comm_req *s_slot_of (struct shm *c, uint64_t seq)
+{
+    for (int i = 0; i < RX_COMM_MAX_INFLIGHT; i++)
+        if (c->slot[i].state == S_QUEUED && c->slot[i].seq == seq) return &c->slot[i];
+    return NULL;
+}
+
+/* Runs the queued ops in start order until stop is set and the queue is
+ * empty.  s_run outside the lock: the driving thread only touches a queued
+ * slot's rc/err/state under mu after the op is marked done. */
+static void *s_progress (void *arg)
+{
+    struct shm *c = arg;
+    pthread_mutex_lock (&c->mu);
+    for (;;) {
+        while (c->finished == c->issued && !c->stop) pthread_cond_wait (&c->work, &c->mu);
+        if (c->finished == c->issued) break;           /* stop, nothing left */
+        struct rx_comm_req *q = s_slot_of (c, c->finished + 1);
+        pthread_mutex_unlock (&c->mu);
+        struct rx_err e = { 0 };
+        int rc = q ? s_run (c, &q->op, &e) : RX_EINVAL;  /* q is always found */
+        pthread_mutex_lock (&c->mu);
+        if (q) {
+            q->rc = rc;
+            q->err = e;
+            q->state = S_DONE;
+        }
+        c->finished++;
+        pthread_cond_broadcast (&c->done);
+    }
+    pthread_mutex_unlock (&c->mu);
+    return NULL;
+}
+
+static int s_start_thread (struct shm *c, struct rx_err *err)
+{
+    pthread_condattr_t ca;
+    int e = pthread_mutex_init (&c->mu, NULL);
+    if (e) goto no_mu;
+    if ((e = pthread_condattr_init (&ca))) goto no_attr;
+    pthread_condattr_setclock (&ca, CLOCK_MONOTONIC);   /* destroy's timed wait */
+    if ((e = pthread_cond_init (&c->work, &ca))) goto no_work;
+    if ((e = pthread_cond_init (&c->done, &ca))) goto no_done;
+    /* The thread takes no signals: the process's handlers keep running
+     * on the threads that expect them. */
+    sigset_t all, old;
+    sigfillset (&all);
+    pthread_sigmask (SIG_SETMASK, &all, &old);
+    e = pthread_create (&c->thr, NULL, s_progress, c);
+    pthread_sigmask (SIG_SETMASK, &old, NULL);
+    if (e) goto no_thr;
+    pthread_condattr_destroy (&ca);
+    c->thr_on = 1;
+    return RX_OK;
+no_thr:
+    pthread_cond_destroy (&c->done);
+no_done:
+    pthread_cond_destroy (&c->work);
+no_work:
+    pthread_condattr_destroy (&ca);
+no_attr:
+    pthread_mutex_destroy (&c->mu);
+no_mu:
+    return s_break (c, err, e == ENOMEM || e == EAGAIN ? RX_ENOMEM : RX_EIO,
+                    "rank %d: start: cannot create the progress thread: %s", c->rank, strerror (e));
+}
+
+/* destroy(): let the queued ops finish (at most timeout_s, so the peers
+ * that run them too are not left waiting for this rank), else break the
+ * group so they fail at once; then join the thread. */
+static void s_stop_thread (struct shm *c)
+{
+    pthread_mutex_lock (&c->mu);
+    if (c->finished != c->issued && c->timeout_s > 0) {
+        struct timespec dl;
+        clock_gettime (CLOCK_MONOTONIC, &dl);
+        double t = (double) dl.tv_nsec * 1e-9 + c->timeout_s;
+        dl.tv_sec += (time_t) t;
+        dl.tv_nsec = (long) ((t - (double) (time_t) t) * 1e9);
+        while (c->finished != c->issued)
+            if (pthread_cond_timedwait (&c->done, &c->mu, &dl) == ETIMEDOUT) break;
+        if (c->finished != c->issued) {
+            uint64_t left = c->issued - c->finished;
+            pthread_mutex_unlock (&c->mu);
+            s_break_shared (c, NULL, RX_ETIMEDOUT,
+                            "rank %d was destroyed with %llu started operation(s) not done within %g s",
+                            c->rank, (unsigned long long) left, c->timeout_s);
+            pthread_mutex_lock (&c->mu);
+        }
+    }
+    c->stop = 1;
+    pthread_cond_signal (&c->work);
+    pthread_mutex_unlock (&c->mu);
+    pthread_join (c->thr, NULL);
+    pthread_cond_destroy (&c->done);
+    pthread_cond_destroy (&c->work);
+    pthread_mutex_destroy (&c->mu);
+    c->thr_on = 0;
+}
+
+/* Every started op has run (the caller may then run one itself). */
+static void s_drain (struct shm *c)
+{
+    if (!c->thr_on) return;
+    pthread_mutex_lock (&c->mu);
+    while (c->finished != c->issued) pthread_cond_wait (&c->done, &c->mu);
+    pthread_mutex_unlock (&c->mu);
+}
+
 /* ---- ops table ----------------------------------------------------------- */
 
-RX_COMM_BLOCKING_OPS (s_run)
-RX_COMM_BLOCKING_BARRIER (s_run)
+/* A blocking collective: after the started ops, on the caller's thread. */
+static int s_go (void *comm, const struct rx_comm_op *op, struct rx_err *err)
+{
+    struct shm *c = comm;
+    if (!c) return rx_err_set (err, RX_EINVAL, "comm-shm: NULL instance");
+    s_drain (c);
+    return s_run (c, op, err);
+}
 
-/* Runs the op here (no progress thread); wait() returns its status. */
+RX_COMM_BLOCKING_OPS (s_go)
+RX_COMM_BLOCKING_BARRIER (s_go)
+
+/* Queue op for the progress thread (created on the first call). */
 static int s_start (void *comm, const struct rx_comm_op *op, rx_comm_req_t **req, struct rx_err *err)
 {
     struct shm *c = comm;
     if (req) *req = NULL;
     if (!c || !op || !req)
         return rx_err_set (err, RX_EINVAL, "comm-shm: start: NULL instance, op or req");
+    /* c->broken is the progress thread's while ops are queued: the shared
+     * flag says the same (it is set first) and is safe to read. */
+    if (s_is_broken (c)) return s_shared_reason (c, err, NULL, NULL, 0);
     if (op->struct_size < offsetof (struct rx_comm_op, stream) + sizeof op->stream)
-        return s_break (c, err, RX_EINVAL, "rank %d: start: op struct too short (%u bytes)", c->rank,
-                        op->struct_size);
-    if (c->inflight >= RX_COMM_MAX_INFLIGHT)
-        return s_break (c, err, RX_EINVAL, "rank %d: start: %d operations already in flight (max %d)",
-                        c->rank, c->inflight, RX_COMM_MAX_INFLIGHT);
-    struct rx_comm_req *r = c->host->alloc (c->host, sizeof *r, 0);
-    if (!r) return s_break (c, err, RX_ENOMEM, "rank %d: start: out of memory", c->rank);
-    r->err.code = RX_OK;
-    r->err.msg[0] = '\0';
-    r->rc = s_run (c, op, &r->err);
-    c->inflight++;
-    *req = r;
+        return s_break_shared (c, err, RX_EINVAL, "rank %d: start: op struct too short (%u bytes)",
+                               c->rank, op->struct_size);
+    if (!c->thr_on) {
+        int rc = s_start_thread (c, err);
+        if (rc) return rc;
+    }
+    pthread_mutex_lock (&c->mu);
+    struct rx_comm_req *q = NULL;
+    int busy = 0;
+    for (int i = 0; i < RX_COMM_MAX_INFLIGHT; i++) {
+        if (c->slot[i].state != S_FREE) busy++;
+        else if (!q) q = &c->slot[i];
+    }
+    if (!q) {
+        pthread_mutex_unlock (&c->mu);
+        return s_break_shared (c, err, RX_EINVAL,
+                               "rank %d: start: %d operations already in flight (max %d; wait() for one first)",
+                               c->rank, busy, RX_COMM_MAX_INFLIGHT);
+    }
+    memset (q, 0, sizeof *q);
+    memcpy (&q->op, op, s_min (op->struct_size, sizeof q->op));
+    q->op.struct_size = sizeof q->op;
+    q->owner = c;
+    q->seq = ++c->issued;
+    q->state = S_QUEUED;
+    pthread_cond_signal (&c->work);
+    pthread_mutex_unlock (&c->mu);
+    *req = q;
     return RX_OK;
 }
 
@@ -887,10 +1097,23 @@ static int s_wait (void *comm, rx_comm_req_t *req, struct rx_err *err)
 {
     struct shm *c = comm;
     if (!c || !req) return rx_err_set (err, RX_EINVAL, "comm-shm: wait: NULL instance or req");
+    /* Only this instance's slots; a slot already waited on is free. */
+    int ok = c->thr_on && req >= &c->slot[0] && req < &c->slot[RX_COMM_MAX_INFLIGHT]
+             && req == &c->slot[req - &c->slot[0]];
+    if (ok) {
+        pthread_mutex_lock (&c->mu);
+        ok = req->state != S_FREE;
+        if (!ok) pthread_mutex_unlock (&c->mu);
+    }
+    if (!ok)
+        return rx_err_set (err, RX_EINVAL,
+                           "comm-shm %s: wait: rank %d: req %p is not a started, unwaited operation of this instance",
+                           c->group, c->rank, (void *) req);
+    while (req->state != S_DONE) pthread_cond_wait (&c->done, &c->mu);
     int rc = req->rc;
     if (rc) rx_err_set (err, rc, "%s", req->err.msg);
-    c->inflight--;
-    c->host->free_ (c->host, req);
+    req->state = S_FREE;
+    pthread_mutex_unlock (&c->mu);
     return rc;
 }
 
@@ -898,6 +1121,14 @@ static int s_check (void *comm, struct rx_err *err)
 {
     struct shm *c = comm;
     if (!c) return rx_err_set (err, RX_EINVAL, "comm-shm: check: NULL instance");
+    int busy = 0;
+    if (c->thr_on) {
+        pthread_mutex_lock (&c->mu);
+        busy = c->finished != c->issued;
+        pthread_mutex_unlock (&c->mu);
+    }
+    if (busy)            /* the progress thread owns c->broken: read the shared flag */
+        return s_is_broken (c) ? s_shared_reason (c, err, NULL, NULL, 0) : RX_OK;
     if (c->broken) return s_fail (c, err);
     if (s_is_broken (c)) return s_adopt (c, err);
     return RX_OK;

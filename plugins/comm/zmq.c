@@ -23,7 +23,12 @@
  *
  * Buffers are host memory (kernels-cpu); streams are ignored (the CPU
  * backend is synchronous).  start() runs the operation at once and wait()
- * returns its status: correct, not concurrent (no progress thread).
+ * returns its status: correct, not concurrent (no progress thread).  That
+ * is deliberate for now (comm.h allows it): a thread would have to own the
+ * ZMQ sockets, which are not thread-safe, so every blocking call would go
+ * through it too; comm-shm shows the design if zmq ever needs overlap.
+ * Ordering (comm.h) holds trivially: every op has finished when its call
+ * returns.
  *
  * Failure: a timeout, a dead peer, a disagreement or a bad argument breaks
  * the group (rx_zgroup_abort tells the others) and every later call fails

@@ -5,7 +5,12 @@
  * reductions, chunking past buffer_size, in-place forms, zero counts,
  * start/wait, bitwise-identical all_reduce results across ranks; and the
  * failures: a rank that never joins, a rank that dies, is stuck or leaves,
- * mismatched calls, bad arguments, a stale segment, nothing left in /dev/shm. */
+ * mismatched calls, bad arguments, a stale segment, nothing left in /dev/shm.
+ * Overlap: started ops run on a progress thread while the rank computes
+ * (start() returns at once although the peer is 0.2 s late), a blocking call
+ * after a start keeps the order, no thread without start(), too many started
+ * ops, a peer that dies or hangs under started ops, destroy with an op in
+ * flight. */
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <errno.h>
@@ -473,13 +478,6 @@ static int s_async_rank (struct env *e, void *c, int rank, int n, void *ud)
     CHECK (memcmp (a, aref, cnt * 4) == 0, "started all_reduce result differs");
     CHECK (memcmp (g, gref, cnt * n * 4) == 0, "started all_gather result differs");
     CHECK (memcmp (b, bref, cnt * 4) == 0, "started broadcast result differs");
-    /* more than RX_COMM_MAX_INFLIGHT started: an error, and the group is broken */
-    for (int i = 0; i < 4; i++) CHECK_OK (e->ops->start (c, &o4, &q[i], &e_));
-    rx_comm_req_t *q5 = NULL;
-    int rc = e->ops->start (c, &o4, &q5, &err);
-    CHECK (rc == RX_EINVAL && q5 == NULL, "fifth start -> %d", rc);
-    CHECK (strstr (err.msg, "in flight"), "%s", err.msg);
-    for (int i = 0; i < 4; i++) e->ops->wait (c, q[i], &err);
     free (a); free (aref); free (g); free (gref); free (b); free (bref); free (mine);
     return 0;
 }
@@ -490,6 +488,374 @@ Test (comm_shm, start_and_wait)
     s_load (&e, NULL);
     s_run_ranks (&e, 3, 10, s_async_rank, NULL);
     s_close (&e);
+}
+
+static double s_now (void)
+{
+    struct timespec ts;
+    clock_gettime (CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Threads of this process (/proc/self/task entries). */
+static int s_n_threads (void)
+{
+    DIR *d = opendir ("/proc/self/task");
+    if (!d) return -1;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir (d)))
+        if (de->d_name[0] != '.') n++;
+    closedir (d);
+    return n;
+}
+
+/* Something for the CPU while the collectives are in flight: a sum the
+ * rank can check against a closed form. */
+static double s_cpu_work (size_t n)
+{
+    double acc = 0;
+    for (size_t i = 1; i <= n; i++) acc += (double) i;
+    return acc;
+}
+
+/* start all_reduce + all_gather (chunked), compute meanwhile, wait both. */
+static int s_overlap_rank (struct env *e, void *c, int rank, int n, void *ud)
+{
+    size_t cnt = *(const size_t *) ud;
+    float *a = malloc (cnt * 4), *aref = malloc (cnt * 4);
+    float *mine = malloc (cnt * 4), *g = malloc (cnt * n * 4), *gref = malloc (cnt * n * 4);
+    s_fill (a, RX_F32, 31, rank, cnt);
+    s_fill (mine, RX_F32, 32, rank, cnt);
+    struct rx_comm_op o1 = { .struct_size = sizeof o1, .kind = RX_COMM_ALL_REDUCE, .dtype = RX_F32,
+                             .red = RX_COMM_SUM, .send = a, .recv = a, .count = cnt };
+    struct rx_comm_op o2 = { .struct_size = sizeof o2, .kind = RX_COMM_ALL_GATHER, .dtype = RX_F32,
+                             .send = mine, .recv = g, .count = cnt };
+    rx_comm_req_t *q1 = NULL, *q2 = NULL;
+    struct rx_err err = { 0 };
+    CHECK (e->ops->start (c, &o1, &q1, &err) == RX_OK, "start all_reduce: %s", err.msg);
+    memset (&o1, 0xff, sizeof o1);               /* start() copied it */
+    CHECK (e->ops->start (c, &o2, &q2, &err) == RX_OK, "start all_gather: %s", err.msg);
+    /* the references are the CPU work done while the ops run */
+    s_ref_reduce (aref, RX_F32, RX_COMM_SUM, 31, n, cnt, 0);
+    for (int r = 0; r < n; r++) s_fill (gref + (size_t) r * cnt, RX_F32, 32, r, cnt);
+    double sum = s_cpu_work (1000000);
+    CHECK (sum == 1000000.0 * 1000001.0 / 2, "cpu work %.17g", sum);
+    CHECK (e->ops->wait (c, q2, &err) == RX_OK, "wait all_gather: %s", err.msg);   /* out of order */
+    CHECK (e->ops->wait (c, q1, &err) == RX_OK, "wait all_reduce: %s", err.msg);
+    CHECK (memcmp (a, aref, cnt * 4) == 0, "started all_reduce result differs");
+    CHECK (memcmp (g, gref, cnt * n * 4) == 0, "started all_gather result differs");
+    CHECK_OK (e->ops->check (c, &e_));
+    free (a); free (aref); free (mine); free (g); free (gref);
+    return 0;
+}
+
+Test (comm_shm, started_ops_overlap_cpu_work_2_3_ranks)
+{
+    size_t cnt = 50000;                          /* 200 KB: 13 chunks of 16 KiB */
+    for (int n = 2; n <= 3; n++) {
+        struct env e;
+        s_load (&e, "[comm.shm]\nbuffer_size = 16K\n");
+        s_run_ranks (&e, n, 10, s_overlap_rank, &cnt);
+        s_close (&e);
+    }
+}
+
+/* Rank 1 starts 200 ms late: rank 0's start() returns at once and its
+ * wait() only when rank 1 has joined in. */
+static int s_late_peer_rank (struct env *e, void *c, int rank, int n, void *ud)
+{
+    size_t cnt = 1000;
+    float *a = malloc (cnt * 4), *aref = malloc (cnt * 4);
+    s_fill (a, RX_F32, 41, rank, cnt);
+    s_ref_reduce (aref, RX_F32, RX_COMM_SUM, 41, n, cnt, 0);
+    struct rx_comm_op o = { .struct_size = sizeof o, .kind = RX_COMM_ALL_REDUCE, .dtype = RX_F32,
+                            .red = RX_COMM_SUM, .send = a, .recv = a, .count = cnt };
+    rx_comm_req_t *q = NULL;
+    struct rx_err err = { 0 };
+    if (rank == 1) usleep (200000);
+    double t0 = s_now ();
+    CHECK (e->ops->start (c, &o, &q, &err) == RX_OK, "start: %s", err.msg);
+    double t_start = s_now () - t0;
+    CHECK (e->ops->wait (c, q, &err) == RX_OK, "wait: %s", err.msg);
+    double t_wait = s_now () - t0;
+    CHECK (memcmp (a, aref, cnt * 4) == 0, "all_reduce result differs");
+    if (rank == 0) {
+        CHECK (t_start < 0.05, "start() took %.3f s (it must not wait for the peer)", t_start);
+        CHECK (t_wait > 0.15 && t_wait < 2, "wait() returned after %.3f s (peer started 0.2 s late)",
+               t_wait);
+    }
+    free (a); free (aref);
+    return 0;
+}
+
+Test (comm_shm, start_returns_at_once_wait_waits_for_late_peer)
+{
+    struct env e;
+    s_load (&e, NULL);
+    s_run_ranks (&e, 2, 10, s_late_peer_rank, NULL);
+    s_close (&e);
+}
+
+/* A blocking collective after a start without wait: runs after the started
+ * op on every rank (whatever the timing), both results right. */
+static int s_mixed_rank (struct env *e, void *c, int rank, int n, void *ud)
+{
+    size_t ca = 7000, cb = 700;
+    float *a = malloc (ca * 4), *aref = malloc (ca * 4);
+    int32_t *b = malloc (cb * 4), *g = malloc (cb * n * 4), *gref = malloc (cb * n * 4);
+    float *d = malloc (cb * 4), *dref = malloc (cb * 4);
+    s_fill (a, RX_F32, 51, rank, ca);
+    s_ref_reduce (aref, RX_F32, RX_COMM_SUM, 51, n, ca, 0);
+    s_fill (b, RX_I32, 52, rank, cb);
+    for (int r = 0; r < n; r++) s_fill (gref + (size_t) r * cb, RX_I32, 52, r, cb);
+    s_fill (d, RX_F32, 53, rank, cb);
+    s_ref_reduce (dref, RX_F32, RX_COMM_MAX, 53, n, cb, 0);
+    struct rx_comm_op o = { .struct_size = sizeof o, .kind = RX_COMM_ALL_REDUCE, .dtype = RX_F32,
+                            .red = RX_COMM_SUM, .send = a, .recv = a, .count = ca };
+    rx_comm_req_t *q = NULL;
+    struct rx_err err = { 0 };
+    if (rank == 2) usleep (100000);              /* late to start */
+    CHECK (e->ops->start (c, &o, &q, &err) == RX_OK, "start: %s", err.msg);
+    if (rank == 1) usleep (100000);              /* late to the blocking call */
+    CHECK (e->ops->all_gather (c, NULL, b, g, cb, RX_I32, &err) == RX_OK, "all_gather: %s", err.msg);
+    /* the rule (comm.h): the blocking call ran after the started op */
+    CHECK (memcmp (a, aref, ca * 4) == 0, "started all_reduce not done when the blocking call returned");
+    CHECK (memcmp (g, gref, cb * n * 4) == 0, "blocking all_gather result differs");
+    CHECK (e->ops->all_reduce (c, NULL, d, d, cb, RX_F32, RX_COMM_MAX, &err) == RX_OK,
+           "all_reduce: %s", err.msg);
+    CHECK (e->ops->wait (c, q, &err) == RX_OK, "wait: %s", err.msg);
+    CHECK (memcmp (d, dref, cb * 4) == 0, "second blocking all_reduce result differs");
+    free (a); free (aref); free (b); free (g); free (gref); free (d); free (dref);
+    return 0;
+}
+
+Test (comm_shm, blocking_call_after_start_runs_in_order)
+{
+    struct env e;
+    s_load (&e, "[comm.shm]\nbuffer_size = 8K\n");
+    s_run_ranks (&e, 3, 10, s_mixed_rank, NULL);
+    s_close (&e);
+}
+
+/* No progress thread unless start() is called; destroy joins it. */
+static int s_thread_count_rank (struct env *e, void *c, int rank, int n, void *ud)
+{
+    int base = *(const int *) ud;
+    CHECK_OK (e->ops->barrier (c, NULL, &e_));
+    float x[8] = { 1 };
+    CHECK_OK (e->ops->all_reduce (c, NULL, x, x, 8, RX_F32, RX_COMM_SUM, &e_));
+    CHECK (s_n_threads () == base, "%d threads after blocking calls (expected %d)", s_n_threads (), base);
+    struct rx_comm_op o = { .struct_size = sizeof o, .kind = RX_COMM_BARRIER };
+    rx_comm_req_t *q = NULL;
+    CHECK_OK (e->ops->start (c, &o, &q, &e_));
+    CHECK (s_n_threads () == base + 1, "%d threads after start (expected %d)", s_n_threads (), base + 1);
+    CHECK_OK (e->ops->wait (c, q, &e_));
+    return 0;
+}
+
+static int s_count_threads_main (struct env *e, int rank, int n)
+{
+    int base = s_n_threads ();
+    struct rx_err err = { 0 };
+    void *c = NULL;
+    if (s_create (e, rank, n, 10, &c, &err)) {
+        fprintf (stderr, "rank %d: create: %s\n", rank, err.msg);
+        return 1;
+    }
+    int r = s_thread_count_rank (e, c, rank, n, &base);
+    e->ops->destroy (c);
+    if (!r && s_n_threads () != base) {
+        fprintf (stderr, "rank %d: %d threads after destroy (expected %d)\n", rank, s_n_threads (), base);
+        r = 1;
+    }
+    return r;
+}
+
+Test (comm_shm, progress_thread_only_after_start)
+{
+    struct env e;
+    s_load (&e, NULL);
+    pid_t pid = fork ();
+    if (pid == 0) {
+        alarm (30);
+        _exit (s_count_threads_main (&e, 1, 2));
+    }
+    cr_assert_eq (s_count_threads_main (&e, 0, 2), 0);
+    int st = 0;
+    waitpid (pid, &st, 0);
+    cr_assert (WIFEXITED (st) && WEXITSTATUS (st) == 0, "rank 1 failed");
+    s_close (&e);
+}
+
+Test (comm_shm, start_wait_bad_use)
+{
+    struct env e;
+    s_load (&e, NULL);
+    struct rx_err err = { 0 };
+    void *c = NULL;
+    cr_assert_eq (s_create (&e, 0, 1, 2, &c, &err), RX_OK, "%s", err.msg);
+    struct rx_comm_op o = { .struct_size = sizeof o, .kind = RX_COMM_BARRIER };
+    rx_comm_req_t *q[RX_COMM_MAX_INFLIGHT + 1] = { 0 };
+    /* waiting frees a slot: many more than the limit over time is fine */
+    for (int i = 0; i < 3 * RX_COMM_MAX_INFLIGHT; i++) {
+        cr_assert_eq (e.ops->start (c, &o, &q[0], &err), RX_OK, "start %d: %s", i, err.msg);
+        cr_assert_eq (e.ops->wait (c, q[0], &err), RX_OK, "wait %d: %s", i, err.msg);
+    }
+    /* a req waited on already, or not one of ours: an error, group intact */
+    cr_assert_eq (e.ops->wait (c, q[0], &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "not a started, unwaited operation"), "%s", err.msg);
+    int junk[64];
+    cr_assert_eq (e.ops->wait (c, (rx_comm_req_t *) junk, &err), RX_EINVAL);
+    cr_assert_eq (e.ops->wait (c, NULL, &err), RX_EINVAL);
+    cr_assert_eq (e.ops->start (c, NULL, &q[0], &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "NULL instance, op or req"), "%s", err.msg);
+    cr_assert_eq (e.ops->check (c, &err), RX_OK, "%s", err.msg);
+    /* more than RX_COMM_MAX_INFLIGHT started and not waited on */
+    for (int i = 0; i < RX_COMM_MAX_INFLIGHT; i++)
+        cr_assert_eq (e.ops->start (c, &o, &q[i], &err), RX_OK, "start %d: %s", i, err.msg);
+    rx_comm_req_t *q5 = (rx_comm_req_t *) 1;
+    cr_assert_eq (e.ops->start (c, &o, &q5, &err), RX_EINVAL);
+    cr_assert_null (q5);
+    cr_assert (strstr (err.msg, "4 operations already in flight (max 4"), "%s", err.msg);
+    cr_assert (strstr (err.msg, e.group), "%s", err.msg);
+    /* the group is broken: the started ops end (either way), later calls fail at once */
+    for (int i = 0; i < RX_COMM_MAX_INFLIGHT; i++) {
+        int rc = e.ops->wait (c, q[i], &err);
+        cr_assert (rc == RX_OK || rc == RX_EINVAL, "wait %d -> %d", i, rc);
+    }
+    struct rx_err e2 = { 0 };
+    cr_assert_eq (e.ops->barrier (c, NULL, &e2), RX_EINVAL);
+    cr_assert (strstr (e2.msg, "already in flight"), "%s", e2.msg);
+    cr_assert_eq (e.ops->start (c, &o, &q[0], &e2), RX_EINVAL);
+    cr_assert_null (q[0]);
+    cr_assert_eq (e.ops->check (c, &e2), RX_EINVAL);
+    e.ops->destroy (c);
+    /* an op struct too short */
+    cr_assert_eq (s_create (&e, 0, 1, 2, &c, &err), RX_OK, "%s", err.msg);
+    o.struct_size = 8;
+    cr_assert_eq (e.ops->start (c, &o, &q[0], &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "op struct too short (8 bytes)"), "%s", err.msg);
+    e.ops->destroy (c);
+    s_close (&e);
+}
+
+/* A peer dies, or is stuck, while ops are started: every wait returns the
+ * error within the timeout. */
+static int s_started_peer_fails_rank (struct env *e, void *c, int rank, int n, void *ud)
+{
+    int dies = *(const int *) ud;
+    float x[64] = { 1 }, y[128];
+    CHECK_OK (e->ops->all_reduce (c, NULL, x, x, 64, RX_F32, RX_COMM_SUM, &e_));
+    if (rank == 1) {
+        if (dies) _exit (0);                   /* no destroy */
+        usleep (1500000);                      /* stuck past the 0.5 s timeout */
+        return 0;
+    }
+    struct rx_comm_op o1 = { .struct_size = sizeof o1, .kind = RX_COMM_ALL_REDUCE, .dtype = RX_F32,
+                             .red = RX_COMM_SUM, .send = x, .recv = x, .count = 64 };
+    struct rx_comm_op o2 = { .struct_size = sizeof o2, .kind = RX_COMM_ALL_GATHER, .dtype = RX_F32,
+                             .send = x, .recv = y, .count = 64 };
+    rx_comm_req_t *q1 = NULL, *q2 = NULL;
+    struct rx_err err = { 0 }, err2 = { 0 };
+    double t0 = s_now ();
+    CHECK_OK (e->ops->start (c, &o1, &q1, &e_));
+    CHECK_OK (e->ops->start (c, &o2, &q2, &e_));
+    int rc = e->ops->wait (c, q1, &err);
+    double dt = s_now () - t0;
+    int rc2 = e->ops->wait (c, q2, &err2);
+    if (dies) {
+        CHECK (rc == RX_EIO, "wait with a dead peer -> %d (%s)", rc, err.msg);
+        CHECK (strstr (err.msg, "rank 1 (pid ") && strstr (err.msg, "is gone"), "%s", err.msg);
+        CHECK (dt < 2, "noticing took %.2f s (timeout 2 s)", dt);
+    } else {
+        CHECK (rc == RX_ETIMEDOUT, "wait with a stuck peer -> %d (%s)", rc, err.msg);
+        CHECK (strstr (err.msg, "rank 1 did not reach all_reduce #2 within 0.5 s"), "%s", err.msg);
+        CHECK (dt > 0.45 && dt < 3, "timing out took %.2f s", dt);
+    }
+    CHECK (rc2 == rc && strcmp (err2.msg, err.msg) == 0, "second wait: %d %s", rc2, err2.msg);
+    CHECK (e->ops->check (c, &err2) == rc, "check after the failure");
+    return 0;
+}
+
+Test (comm_shm, peer_dies_or_hangs_while_ops_are_started)
+{
+    int dies = 1;
+    struct env e;
+    s_load (&e, NULL);
+    s_run_ranks (&e, 2, 2, s_started_peer_fails_rank, &dies);
+    s_close (&e);
+    dies = 0;
+    s_load (&e, NULL);
+    s_run_ranks (&e, 2, 0.5, s_started_peer_fails_rank, &dies);
+    s_close (&e);
+}
+
+/* destroy() with a started op: it lets the op finish with a peer that runs
+ * it (the peer's result is right), or gives up after the timeout. */
+static int s_destroy_inflight_main (struct env *e, int rank, int n, int peer_comes)
+{
+    struct rx_err err = { 0 };
+    void *c = NULL;
+    double timeout = peer_comes ? 10 : 0.5;
+    if (s_create (e, rank, n, timeout, &c, &err)) {
+        fprintf (stderr, "rank %d: create: %s\n", rank, err.msg);
+        return 1;
+    }
+    size_t cnt = 3000;
+    float *a = malloc (cnt * 4), *aref = malloc (cnt * 4);
+    s_fill (a, RX_F32, 61, rank, cnt);
+    s_ref_reduce (aref, RX_F32, RX_COMM_SUM, 61, n, cnt, 0);
+    int ret = 0;
+    if (rank == 0) {
+        struct rx_comm_op o = { .struct_size = sizeof o, .kind = RX_COMM_ALL_REDUCE, .dtype = RX_F32,
+                                .red = RX_COMM_SUM, .send = a, .recv = a, .count = cnt };
+        rx_comm_req_t *q = NULL;
+        CHECK (e->ops->start (c, &o, &q, &err) == RX_OK, "start: %s", err.msg);
+        double t0 = s_now ();
+        e->ops->destroy (c);                     /* no wait() */
+        double dt = s_now () - t0;
+        if (peer_comes) {
+            CHECK (dt > 0.1 && dt < 5, "destroy took %.2f s (peer ran the op after 0.2 s)", dt);
+            CHECK (memcmp (a, aref, cnt * 4) == 0, "destroy did not let the op finish");
+        } else {
+            CHECK (dt > 0.4 && dt < 3, "destroy took %.2f s (timeout 0.5 s)", dt);
+        }
+    } else {
+        usleep (peer_comes ? 200000 : 1500000);
+        int rc = e->ops->all_reduce (c, NULL, a, a, cnt, RX_F32, RX_COMM_SUM, &err);
+        if (peer_comes) {
+            CHECK (rc == RX_OK, "all_reduce with rank 0 in destroy: %s", err.msg);
+            CHECK (memcmp (a, aref, cnt * 4) == 0, "all_reduce result differs");
+        } else {
+            /* rank 0's op timed out (or destroy gave up on it) and broke the group */
+            CHECK (rc == RX_ETIMEDOUT, "all_reduce after rank 0 gave up -> %d (%s)", rc, err.msg);
+            CHECK (strstr (err.msg, "rank 1 did not reach all_reduce #1 within 0.5 s")
+                   || strstr (err.msg, "rank 0 was destroyed with 1 started operation(s)"), "%s", err.msg);
+        }
+        e->ops->destroy (c);
+    }
+    free (a); free (aref);
+    return ret;
+}
+
+Test (comm_shm, destroy_with_a_started_op_does_not_hang)
+{
+    for (int peer_comes = 1; peer_comes >= 0; peer_comes--) {
+        struct env e;
+        s_load (&e, NULL);
+        pid_t pid = fork ();
+        if (pid == 0) {
+            alarm (30);
+            _exit (s_destroy_inflight_main (&e, 1, 2, peer_comes));
+        }
+        int r0 = s_destroy_inflight_main (&e, 0, 2, peer_comes);
+        int st = 0;
+        waitpid (pid, &st, 0);
+        cr_assert_eq (r0, 0, "rank 0 failed (peer_comes %d)", peer_comes);
+        cr_assert (WIFEXITED (st) && WEXITSTATUS (st) == 0, "rank 1 failed (peer_comes %d)", peer_comes);
+        s_close (&e);
+    }
 }
 
 /* ---- ranks as threads of one process ------------------------------------- */
@@ -523,13 +889,6 @@ Test (comm_shm, ranks_as_threads)
 }
 
 /* ---- failures ------------------------------------------------------------ */
-
-static double s_now (void)
-{
-    struct timespec ts;
-    clock_gettime (CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* Fork one process per rank in ranks[] that creates with timeout 0.5 s and
  * expects create to fail with RX_ETIMEDOUT and a message containing want. */

@@ -28,10 +28,19 @@
  *
  * Overlap.  start() begins one collective and returns a handle at once;
  * wait() blocks until it is done (and frees the handle).  The buffers
- * belong to the operation between the two calls.  At most RX_COMM_MAX_INFLIGHT
- * operations may be started and not yet waited on, per instance; they
- * complete in start order.  Two-batch overlap computes one micro-batch
- * while the other's dispatch or combine is in flight.
+ * belong to the operation between the two calls; start() copies the
+ * rx_comm_op, but its count and displacement arrays, like the buffers, must
+ * stay valid until wait().  At most RX_COMM_MAX_INFLIGHT
+ * operations may be started and not yet waited on, per instance (one more
+ * is RX_EINVAL and breaks the group); they complete in start order.  A
+ * blocking collective called while started operations are in flight runs
+ * after them (it first waits until they are done; their wait() still has to
+ * be called), so every rank runs all its collectives, started or blocking,
+ * in the order it issued them.  destroy() with started operations lets them
+ * finish (at most timeout_s).  Two-batch overlap computes one micro-batch
+ * while the other's dispatch or combine is in flight.  comm-shm runs started
+ * ops on a progress thread of the instance; comm-zmq runs them inside
+ * start() (no overlap).
  *
  * Failure.  A collective that does not finish within params.timeout_s (a
  * peer died, or is stuck) fails with RX_ETIMEDOUT; a peer known to be gone
