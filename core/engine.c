@@ -11,6 +11,7 @@
 #include <radix/comm.h>
 #include <radix/kernel.h>
 #include <radix/model.h>
+#include <radix/moe.h>
 
 #include "grow.h"
 #include "engine.h"
@@ -28,6 +29,7 @@ struct rx_engine {
     struct rx_model_src src;
 
     rx_plugin_t *model_p, *kern_p, *attn_p;
+    rx_plugin_t *moe_p;           /* [moe] dispatcher; NULL when none could be loaded */
     const struct rx_kernels_ops *K;
     void *be;
     const struct rx_model_ops *M;
@@ -263,6 +265,38 @@ static int s_check_attn_ops (rx_plugin_t *p, struct rx_err *err)
     return RX_OK;
 }
 
+/* The [moe] dispatcher for the env (every model gets it; a dense model
+ * ignores it).  An explicitly configured dispatcher that cannot be loaded
+ * is an error; the default one ("local") missing only leaves e->moe_p NULL,
+ * so dense models still run where no moe-*.so is installed (an MoE model
+ * then refuses to load, naming the missing dispatcher). */
+static int s_moe_open (rx_engine_t *e, struct rx_boot *b, struct rx_err *err)
+{
+    int line = 0;
+    int explicit_ = rx_conf_raw (b->conf, "moe", "dispatcher", &line) != NULL;
+    const char *name = rx_conf_str (b->conf, "moe", "dispatcher", "local");
+    struct rx_err perr = { 0 };
+    rx_plugin_t *p = NULL;
+    int rc = rx_loader_find (b->loader, RX_KIND_MOE, name, &p, &perr);
+    if (rc == RX_OK) rc = rx_plugin_init (p, b->conf, &perr);
+    if (rc == RX_OK) {
+        const struct rx_moe_ops *m = rx_plugin_ops (p);
+        if (m->struct_size < RX_MOE_OPS_SIZE_1_0 || !m->create || !m->destroy || !m->dispatch
+            || !m->combine)
+            rc = rx_err_set (&perr, RX_EABI, "%s: MoE dispatcher lacks a required member (ABI 1.0)",
+                             rx_plugin_path (p));
+    }
+    if (rc != RX_OK) {
+        if (explicit_)
+            return rx_err_set (err, rc, "[moe] dispatcher = %s: %s", name, perr.msg);
+        rx_log (RX_LOG_DEBUG, "engine: no MoE dispatcher ([moe] dispatcher = %s: %s); mixture-of-experts models cannot load",
+                name, perr.msg);
+        return RX_OK;
+    }
+    e->moe_p = p;
+    return RX_OK;
+}
+
 /* [model] path as written in the file is relative to the file's folder. */
 char *rx_engine_model_path (const struct rx_boot *b, const char *path)
 {
@@ -436,6 +470,7 @@ rx_engine_t *rx_engine_new (struct rx_boot *b, const struct rx_engine_opts *o, s
     if ((rc = rx_loader_find (b->loader, RX_KIND_ATTENTION, an, &e->attn_p, err)) != RX_OK) goto fail;
     if ((rc = rx_plugin_init (e->attn_p, b->conf, err)) != RX_OK) goto fail;
     if ((rc = s_check_attn_ops (e->attn_p, err)) != RX_OK) goto fail;
+    if ((rc = s_moe_open (e, b, err)) != RX_OK) goto fail;
     const char *kvd = rx_conf_str (b->conf, "attention", "kv_dtype", "f32");
     int kv_dtype = strcmp (kvd, "f16") == 0 ? RX_F16 : RX_F32;
 
@@ -468,6 +503,9 @@ rx_engine_t *rx_engine_new (struct rx_boot *b, const struct rx_engine_opts *o, s
         .struct_size = sizeof env, .k = { e->K, e->be, NULL }, .attn = rx_plugin_ops (e->attn_p),
         .attn_host = rx_plugin_host (e->attn_p), .kv_dtype = kv_dtype,
         .rank = e->tp_rank, .n_rank = e->tp_size, .comm = e->C, .comm_inst = e->comm,
+        .moe = e->moe_p ? rx_plugin_ops (e->moe_p) : NULL,
+        .moe_host = e->moe_p ? rx_plugin_host (e->moe_p) : NULL,
+        .moe_max_tokens = (int32_t) rx_conf_int (b->conf, "moe", "max_tokens_per_rank", 0),
     };
     if ((rc = e->M->create (rx_plugin_host (e->model_p), &e->src, &env, &e->model, err)) != RX_OK) {
         e->model = NULL;

@@ -16,6 +16,7 @@
 #include <radix/comm.h>
 #include <radix/kernel.h>
 #include <radix/model.h>
+#include <radix/moe.h>
 #include <radix/policy.h>
 #include <radix/route.h>
 
@@ -57,7 +58,8 @@ static const struct kind_info s_kinds[RX_KIND_COUNT_] = {
     [RX_KIND_ATTENTION]    = { "attention", "attn",    "attention backend",
                                RX_ATTN_OPS_SIZE_1_0 },
     [RX_KIND_LAYOUT]       = { "layout",    "layout",  "parallel layout",    sizeof (uint32_t) },
-    [RX_KIND_MOE]          = { "moe",       "moe",     "MoE dispatcher",     sizeof (uint32_t) },
+    [RX_KIND_MOE]          = { "moe",       "moe",     "MoE dispatcher",
+                               RX_MOE_OPS_SIZE_1_0 },
     [RX_KIND_COMM]         = { "comm",      "comm",    "comm backend",
                                RX_COMM_OPS_SIZE_1_0 },
     [RX_KIND_EPLB]         = { "eplb",      "eplb",    "EPLB algorithm",     sizeof (uint32_t) },

@@ -148,6 +148,16 @@ static const struct rx_cfg_key s_dp[] = {
     { NULL, 0, NULL, NULL, 0, 0, NULL }
 };
 
+static const struct rx_cfg_key s_moe[] = {
+    { "dispatcher", RX_CFG_STRING, "local",
+      "MoE dispatcher plugin (moe-<dispatcher>.so) that moves mixture-of-experts rows between the router and the experts: local (one rank, no communication)",
+      0, 0, NULL },
+    { "max_tokens_per_rank", RX_CFG_INT, "0",
+      "most tokens one dispatch carries (sizes the dispatcher's buffers; larger steps are dispatched in chunks); 0 = the engine's step size",
+      0, 1 << 24, NULL },
+    { NULL, 0, NULL, NULL, 0, 0, NULL }
+};
+
 static const struct rx_cfg_key s_none[] = {
     { NULL, 0, NULL, NULL, 0, 0, NULL }
 };
@@ -168,6 +178,7 @@ static const struct rx_conf_section s_schema[] = {
     { "comm", "[comm.<plugin>] configures one comm plugin (e.g. [comm.shm] buffer_size)", s_none,
       RX_KIND_COMM },
     { "dp", "the DP controller (dp_size > 1)", s_dp, 0 },
+    { "moe", "MoE dispatcher; [moe.<name>] configures one", s_moe, RX_KIND_MOE },
     { "router", "[router.<policy>] configures the DP controller's route policy (e.g. [router.cache_aware])",
       s_none, RX_KIND_ROUTE_POLICY },
     { NULL, NULL, NULL, 0 }
@@ -178,6 +189,7 @@ static const struct rx_plugin_ref s_refs[] = {
     { "scheduler", "policy", RX_KIND_SCHED_POLICY },
     { "parallel", "comm", RX_KIND_COMM },
     { "dp", "policy", RX_KIND_ROUTE_POLICY },
+    { "moe", "dispatcher", RX_KIND_MOE },
     { NULL, NULL, 0 }
 };
 

@@ -11,6 +11,16 @@
  *     x += (silu(h Wgate^T) * h Wup^T) Wdown^T
  * then logits = (rms_norm(x) * output_norm) Wout^T for the rows asked for.
  *
+ * Mixture of experts (Mixtral style: <arch>.expert_count > 0, tensors
+ * ffn_gate_inp, ffn_{gate,up,down}_exps instead of the dense FFN): the FFN
+ * is x += sum over the top-k experts e of w_e down_e(silu(gate_e h) * up_e h),
+ * the router's softmax over every expert renormalized over the top k.  The
+ * rows travel through the MoE dispatcher plugin of the env (radix/moe.h,
+ * one instance made by reserve(), shared by the layers): dispatch groups
+ * them by expert, one matmul per expert with rows, combine adds the
+ * weighted sum to the residual.  With tensor parallelism an MoE model is
+ * refused (RX_ENOTSUP) until expert parallelism lands.
+ *
  * Tensor parallelism (env->n_rank > 1): rank r of N runs KV heads
  * [r*Hkv/N, (r+1)*Hkv/N) (an integer split, uneven when N does not divide
  * Hkv) and the query heads that read them, and FFN columns
@@ -37,6 +47,7 @@
 #include <radix/attn.h>
 #include <radix/kernel.h>
 #include <radix/model.h>
+#include <radix/moe.h>
 #include <radix/plugin.h>
 
 #define LL_MAX_LAYERS 1024
@@ -48,7 +59,10 @@ struct ll_layer {
     const float *attn_norm, *ffn_norm;          /* device F32 [n_embd] */
     const float *bq, *bk, *bv;                  /* device F32 biases or NULL */
     rx_kweight_t *wq, *wk, *wv, *wo;
-    rx_kweight_t *w_gate, *w_up, *w_down;
+    rx_kweight_t *w_gate, *w_up, *w_down;       /* dense FFN (NULL in an MoE layer) */
+    /* MoE FFN (n_expert > 0): router [n_embd, n_expert], experts
+     * [n_embd, n_ff_exp, n_expert] (gate, up) and [n_ff_exp, n_embd, n_expert] */
+    rx_kweight_t *gate_inp, *gate_exps, *up_exps, *down_exps;
 };
 
 /* This rank's share of the heads and FFN columns (everything when n_rank
@@ -72,6 +86,13 @@ struct ll_model {
     int32_t n_vocab, n_ctx_train, n_layer, n_embd, n_ff;
     int32_t n_head, n_kv_head, hd_k, hd_v;       /* n_ff, n_head, n_kv_head: this rank's */
     int32_t n_ff_all, n_head_all, n_kv_head_all; /* the whole model's */
+    /* mixture of experts (Mixtral style): 0 experts = dense */
+    int32_t n_expert, n_expert_used, n_ff_exp;
+    const struct rx_moe_ops *moe_ops;            /* env->moe */
+    const struct rx_host *moe_host;
+    int32_t moe_max_tokens;                      /* env->moe_max_tokens (0 = reserve's) */
+    void *moe;                                   /* dispatcher instance (reserve) */
+    int32_t moe_chunk;                           /* its max_tokens: tokens per dispatch */
 
     /* tensor parallelism */
     int32_t rank, n_rank;
@@ -97,6 +118,8 @@ struct ll_model {
     uint64_t n_slots;
     int32_t max_tokens;
     float *x, *h, *q, *kk, *v, *att, *gate, *up, *hout;  /* device scratch */
+    float *router, *topw;                        /* MoE: [T][n_expert], [T][k] */
+    int32_t *topi;                               /* MoE: [T][k] expert ids (device) */
     void *f32_mem;                               /* one allocation for the above */
     /* int32 staging: host copy and device copy, same layout:
      * tokens[T] pos[T] new_slots[T] q_start[T+1] kv_start[T+1] kv_slots[cap_slots] */
@@ -241,6 +264,32 @@ static int s_weight (struct ll_model *m, const struct rx_model_src *src, const c
     return s_load (m, src, name, &v, w, err);
 }
 
+/* A 3-D expert tensor [ne0, ne1, ne2] (ne2 experts of [ne0, ne1]), whole. */
+static int s_weight3 (struct ll_model *m, const struct rx_model_src *src, const char *name,
+                      int64_t ne0, int64_t ne1, int64_t ne2, rx_kweight_t **w, struct rx_err *err)
+{
+    *w = NULL;
+    struct rx_weight_view v;
+    memset (&v, 0, sizeof v);
+    int rc = src->tensor (src, name, &v);
+    if (rc == RX_ENOENT)
+        return rx_err_set (err, RX_EFORMAT, "%s: model-llama: missing tensor %s", src->path, name);
+    if (rc != RX_OK)
+        return rx_err_set (err, RX_EFORMAT, "%s: model-llama: cannot read tensor %s (%s)",
+                           src->path, name, rx_status_name (rc));
+    if (v.ne[0] != (uint64_t) ne0 || v.ne[1] != (uint64_t) ne1 || v.ne[2] != (uint64_t) ne2
+        || v.ne[3] != 1)
+        return rx_err_set (err, RX_EFORMAT,
+                           "%s: model-llama: tensor %s has shape [%llu,%llu,%llu,%llu], expected [%lld,%lld,%lld]",
+                           src->path, name, (unsigned long long) v.ne[0], (unsigned long long) v.ne[1],
+                           (unsigned long long) v.ne[2], (unsigned long long) v.ne[3], (long long) ne0,
+                           (long long) ne1, (long long) ne2);
+    if (rx_dtype_row_bytes (v.dtype, (size_t) v.ne[0]) == 0)
+        return rx_err_set (err, RX_EFORMAT, "%s: model-llama: tensor %s: %llu columns are not whole %s blocks",
+                           src->path, name, (unsigned long long) v.ne[0], rx_dtype_name (v.dtype));
+    return s_load (m, src, name, &v, w, err);
+}
+
 /* Column-parallel: rows [r0, r1) of the [ne0, ne1] matrix `name` -- a
  * pointer into the mapping, no copy. */
 static int s_weight_rows (struct ll_model *m, const struct rx_model_src *src, const char *name,
@@ -334,8 +383,11 @@ static int s_vector (struct ll_model *m, const struct rx_model_src *src, const c
 
 static void s_free_scratch (struct ll_model *m)
 {
-    if (m->f32_mem || m->idev)
+    if (m->f32_mem || m->idev || m->moe)
         m->k.ops->synchronize (m->k.be, m->k.stream, NULL);
+    if (m->moe) m->moe_ops->destroy (m->moe);
+    m->moe = NULL;
+    m->moe_chunk = 0;
     if (m->f32_mem) m->k.ops->free_ (m->k.be, m->f32_mem);
     if (m->idev) m->k.ops->free_ (m->k.be, m->idev);
     if (m->ih) m->host->free_ (m->host, m->ih);
@@ -343,6 +395,8 @@ static void s_free_scratch (struct ll_model *m)
     m->idev = NULL;
     m->ih = NULL;
     m->x = m->h = m->q = m->kk = m->v = m->att = m->gate = m->up = m->hout = NULL;
+    m->router = m->topw = NULL;
+    m->topi = NULL;
     m->max_tokens = 0;
     m->cap_slots = 0;
 }
@@ -379,12 +433,28 @@ static int s_hparams (struct ll_model *m, const struct rx_model_src *src, struct
     m->n_kv_head = (int32_t) u;
     if ((rc = s_key_u32 (m, src, "context_length", 0, 4096, &u, err))) return rc;
     m->n_ctx_train = u > INT32_MAX ? INT32_MAX : (int32_t) u;
-    uint32_t n_expert = 0;
+    uint32_t n_expert = 0, n_used = 0, n_ff_exp = 0;
     if ((rc = s_key_u32 (m, src, "expert_count", 0, 0, &n_expert, err))) return rc;
-    if (n_expert > 0)
-        return rx_err_set (err, RX_ENOTSUP,
-                           "%s: model-llama: %s.expert_count = %u: mixture-of-experts models are not supported by model-llama",
-                           src->path, m->arch, n_expert);
+    if (n_expert > 0) {
+        if ((rc = s_key_u32 (m, src, "expert_used_count", 1, 0, &n_used, err))) return rc;
+        if ((rc = s_key_u32 (m, src, "expert_feed_forward_length", 0, (uint32_t) m->n_ff, &n_ff_exp, err)))
+            return rc;
+        if (n_expert > 4096 || n_used == 0 || n_used > n_expert || n_ff_exp == 0 || n_ff_exp > LL_MAX_DIM)
+            return rx_err_set (err, RX_EFORMAT,
+                               "%s: model-llama: bad mixture of experts: %s.expert_count %u (1 .. 4096), expert_used_count %u (1 .. expert_count), expert width %u",
+                               src->path, m->arch, n_expert, n_used, n_ff_exp);
+        if (m->n_rank > 1)
+            return rx_err_set (err, RX_ENOTSUP,
+                               "%s: model-llama: mixture-of-experts model (%u experts) with tensor parallelism (%d ranks) is not supported yet (expert parallelism comes later): run it with tp_size 1",
+                               src->path, n_expert, m->n_rank);
+        if (!m->moe_ops)
+            return rx_err_set (err, RX_ENOTSUP,
+                               "%s: model-llama: mixture-of-experts model (%u experts) needs a MoE dispatcher plugin ([moe] dispatcher, e.g. moe-local.so), and the engine has none",
+                               src->path, n_expert);
+    }
+    m->n_expert = (int32_t) n_expert;
+    m->n_expert_used = (int32_t) n_used;
+    m->n_ff_exp = (int32_t) n_ff_exp;
     if (m->n_embd <= 0 || m->n_embd > LL_MAX_DIM || m->n_layer <= 0 || m->n_layer > LL_MAX_LAYERS
         || m->n_ff <= 0 || m->n_ff > LL_MAX_DIM || m->n_head <= 0 || m->n_head > 4096
         || m->n_kv_head <= 0 || m->n_head % m->n_kv_head != 0)
@@ -512,6 +582,14 @@ static int s_weights (struct ll_model *m, const struct rx_model_src *src, struct
         if ((rc = s_vector_part (m, src, LL_NAME ("attn_v.bias"), nv_, v0, v1, !bias, &L->bv, err))) return rc;
         if ((rc = s_weight_cols (m, src, LL_NAME ("attn_output.weight"), no, E, o0, o1, &L->wo, err))) return rc;
         if ((rc = s_vector (m, src, LL_NAME ("ffn_norm.weight"), E, 0, &L->ffn_norm, err))) return rc;
+        if (m->n_expert > 0) {
+            const int64_t NE = m->n_expert, FE = m->n_ff_exp;
+            if ((rc = s_weight (m, src, LL_NAME ("ffn_gate_inp.weight"), E, NE, 0, &L->gate_inp, err))) return rc;
+            if ((rc = s_weight3 (m, src, LL_NAME ("ffn_gate_exps.weight"), E, FE, NE, &L->gate_exps, err))) return rc;
+            if ((rc = s_weight3 (m, src, LL_NAME ("ffn_up_exps.weight"), E, FE, NE, &L->up_exps, err))) return rc;
+            if ((rc = s_weight3 (m, src, LL_NAME ("ffn_down_exps.weight"), FE, E, NE, &L->down_exps, err))) return rc;
+            continue;
+        }
         if ((rc = s_weight_rows (m, src, LL_NAME ("ffn_gate.weight"), E, F, sp->f0, sp->f1, &L->w_gate, err))) return rc;
         if ((rc = s_weight_rows (m, src, LL_NAME ("ffn_up.weight"), E, F, sp->f0, sp->f1, &L->w_up, err))) return rc;
         if ((rc = s_weight_cols (m, src, LL_NAME ("ffn_down.weight"), F, E, sp->f0, sp->f1, &L->w_down, err))) return rc;
@@ -603,6 +681,13 @@ static int s_create (const struct rx_host *host, const struct rx_model_src *src,
         m->comm = env->comm;
         m->comm_inst = env->comm_inst;
     }
+    if (env->struct_size >= offsetof (struct rx_model_env, moe_max_tokens) + sizeof env->moe_max_tokens
+        && env->moe && env->moe->create && env->moe->destroy && env->moe->dispatch
+        && env->moe->combine) {
+        m->moe_ops = env->moe;
+        m->moe_host = env->moe_host ? env->moe_host : host;
+        m->moe_max_tokens = env->moe_max_tokens > 0 ? env->moe_max_tokens : 0;
+    }
     int rc = s_hparams (m, src, err);
     if (rc == RX_OK) rc = s_split (m, src, err);
     if (rc == RX_OK) rc = s_weights (m, src, err);
@@ -692,13 +777,17 @@ static int s_reserve (void *p, uint64_t n_slots, int32_t max_tokens, struct rx_e
     const size_t qd = (size_t) m->n_head * m->hd_k, kd = (size_t) m->n_kv_head * m->hd_k,
                  vd = (size_t) m->n_kv_head * m->hd_v, od = (size_t) m->n_head * m->hd_v;
     /* Each buffer rounded to 16 floats (64 bytes) so every one is aligned. */
+    const size_t ff = (size_t) (m->n_ff_exp > m->n_ff ? m->n_ff_exp : m->n_ff);
+    const size_t NE = (size_t) m->n_expert, KU = (size_t) m->n_expert_used;
 #define LL_R(n) (((n) + 15) & ~(size_t) 15)
-    size_t sizes[9] = { LL_R (T * m->n_embd), LL_R (T * m->n_embd), LL_R (T * qd), LL_R (T * kd),
-                        LL_R (T * vd), LL_R (T * od), LL_R (T * m->n_ff), LL_R (T * m->n_ff),
-                        LL_R (T * m->n_embd) };
+    /* The MoE router logits, top-k weights and top-k ids (int32, same size
+     * as a float) are empty for a dense model. */
+    size_t sizes[12] = { LL_R (T * m->n_embd), LL_R (T * m->n_embd), LL_R (T * qd), LL_R (T * kd),
+                         LL_R (T * vd), LL_R (T * od), LL_R (T * ff), LL_R (T * ff),
+                         LL_R (T * m->n_embd), LL_R (T * NE), LL_R (T * KU), LL_R (T * KU) };
 #undef LL_R
     size_t total = 0;
-    for (int i = 0; i < 9; i++) total += sizes[i];
+    for (int i = 0; i < 12; i++) total += sizes[i];
     void *mem;
     rc = m->k.ops->alloc (m->k.be, total * sizeof (float), 64, &mem, err);
     if (rc != RX_OK)
@@ -706,12 +795,32 @@ static int s_reserve (void *p, uint64_t n_slots, int32_t max_tokens, struct rx_e
                            (double) total * 4 / (1024.0 * 1024.0), max_tokens);
     m->f32_mem = mem;
     float *f = mem;
-    float **bufs[9] = { &m->x, &m->h, &m->q, &m->kk, &m->v, &m->att, &m->gate, &m->up, &m->hout };
-    for (int i = 0; i < 9; i++) {
+    float *topi = NULL;
+    float **bufs[12] = { &m->x, &m->h, &m->q, &m->kk, &m->v, &m->att, &m->gate, &m->up, &m->hout,
+                         &m->router, &m->topw, &topi };
+    for (int i = 0; i < 12; i++) {
         *bufs[i] = f;
         f += sizes[i];
     }
+    m->topi = (int32_t *) topi;
     m->max_tokens = max_tokens;
+    if (m->n_expert > 0) {
+        /* One dispatcher instance for every MoE layer (they share its
+         * buffers: the layers run one after another). */
+        int32_t chunk = m->moe_max_tokens > 0 && m->moe_max_tokens < max_tokens ? m->moe_max_tokens
+                                                                                  : max_tokens;
+        struct rx_moe_config mc = {
+            .struct_size = sizeof mc, .n_expert = m->n_expert, .n_expert_used = m->n_expert_used,
+            .n_embd = m->n_embd, .max_tokens = chunk, .ep_rank = 0, .ep_size = 1,
+            .kops = m->k.ops, .kbe = m->k.be, .stream = m->k.stream, .comm = NULL, .comm_inst = NULL,
+        };
+        if ((rc = m->moe_ops->create (m->moe_host, &mc, &m->moe, err)) != RX_OK) {
+            m->moe = NULL;
+            s_free_scratch (m);
+            return rc;
+        }
+        m->moe_chunk = chunk;
+    }
     size_t cap = (size_t) n_slots + T;
     rc = s_alloc_ints (m, cap, err);
     if (rc != RX_OK) {
@@ -794,6 +903,47 @@ static int s_row_parallel (struct ll_model *m, const rx_kweight_t *w, const floa
     return K->add (m->k.be, m->k.stream, m->x, E, m->hout, E, m->x, E, nn, E, err);
 }
 
+/* x += MoE(h) for the nn rows of m->h (Mixtral routing): router logits
+ * h Wr^T, the top k of them, their softmax as the weights (= softmax over
+ * every expert, the top k renormalized to sum 1, as the selection is the
+ * same and p_i / sum_j p_j = exp(l_i) / sum_j exp(l_j)); then through the
+ * dispatcher, in chunks of its max_tokens: each expert e with rows runs
+ * down(silu(gate_e x) * up_e x) on its rows of routed.x into routed.y, and
+ * combine adds the weighted sum to the residual. */
+static int s_moe_ffn (struct ll_model *m, const struct ll_layer *L, size_t nn, struct rx_err *err)
+{
+    const struct rx_kernels_ops *K = m->k.ops;
+    void *be = m->k.be;
+    rx_kstream_t *st = m->k.stream;
+    const size_t E = (size_t) m->n_embd, FE = (size_t) m->n_ff_exp, NE = (size_t) m->n_expert,
+                 KU = (size_t) m->n_expert_used, T = (size_t) m->max_tokens;
+    LL_TRY (K->matmul (be, st, L->gate_inp, -1, m->h, E, m->router, NE, nn, 0, err));
+    LL_TRY (K->topk (be, st, m->router, NE, nn, NE, KU, m->topw, m->topi, err));
+    LL_TRY (K->softmax (be, st, m->topw, KU, nn, KU, 1.0f, err));
+    for (size_t c0 = 0; c0 < nn; c0 += (size_t) m->moe_chunk) {
+        size_t cn = nn - c0 < (size_t) m->moe_chunk ? nn - c0 : (size_t) m->moe_chunk;
+        struct rx_moe_routed r = { .struct_size = sizeof r };
+        LL_TRY (m->moe_ops->dispatch (m->moe, m->h + c0 * E, E, (int32_t) cn, m->topi + c0 * KU,
+                                      m->topw + c0 * KU, &r, err));
+        for (int32_t e = 0; e < r.n_local_expert; e++) {
+            const int expert = r.first_expert + e;
+            /* gate/up hold T rows: an expert with more (duplicate ids) runs
+             * in pieces. */
+            for (int32_t r0 = r.offsets[e]; r0 < r.offsets[e + 1]; r0 += (int32_t) T) {
+                size_t rows = (size_t) (r.offsets[e + 1] - r0) < T ? (size_t) (r.offsets[e + 1] - r0) : T;
+                const float *xr = r.x + (size_t) r0 * E;
+                LL_TRY (K->matmul (be, st, L->gate_exps, expert, xr, E, m->gate, FE, rows, 0, err));
+                LL_TRY (K->matmul (be, st, L->up_exps, expert, xr, E, m->up, FE, rows, 0, err));
+                LL_TRY (K->swiglu (be, st, m->gate, FE, m->up, FE, m->gate, FE, rows, FE, err));
+                LL_TRY (K->matmul (be, st, L->down_exps, expert, m->gate, FE, r.y + (size_t) r0 * E, E,
+                                   rows, 0, err));
+            }
+        }
+        LL_TRY (m->moe_ops->combine (m->moe, m->x + c0 * E, E, RX_MM_ACCUMULATE, err));
+    }
+    return RX_OK;
+}
+
 static int s_forward (void *p, const struct rx_model_batch *b, struct rx_err *err)
 {
     struct ll_model *m = p;
@@ -857,10 +1007,14 @@ static int s_forward (void *p, const struct rx_model_batch *b, struct rx_err *er
         LL_TRY (m->attn_ops->forward (m->attn, l, &ab, d_new, &io, err));
         LL_TRY (s_row_parallel (m, L->wo, m->att, od, nn, err));
         LL_TRY (K->rms_norm (be, st, m->x, E, L->ffn_norm, m->h, E, nn, E, m->eps, err));
-        LL_TRY (K->matmul (be, st, L->w_gate, -1, m->h, E, m->gate, F, nn, 0, err));
-        LL_TRY (K->matmul (be, st, L->w_up, -1, m->h, E, m->up, F, nn, 0, err));
-        LL_TRY (K->swiglu (be, st, m->gate, F, m->up, F, m->gate, F, nn, F, err));
-        LL_TRY (s_row_parallel (m, L->w_down, m->gate, F, nn, err));
+        if (L->gate_exps) {
+            LL_TRY (s_moe_ffn (m, L, nn, err));
+        } else {
+            LL_TRY (K->matmul (be, st, L->w_gate, -1, m->h, E, m->gate, F, nn, 0, err));
+            LL_TRY (K->matmul (be, st, L->w_up, -1, m->h, E, m->up, F, nn, 0, err));
+            LL_TRY (K->swiglu (be, st, m->gate, F, m->up, F, m->gate, F, nn, F, err));
+            LL_TRY (s_row_parallel (m, L->w_down, m->gate, F, nn, err));
+        }
         /* A long prefill is busy, not hung: tell radixd's watchdog. */
         if (RX_HAS (struct rx_host, m->host, progress)) m->host->progress (m->host);
     }
@@ -897,5 +1051,5 @@ static const struct rx_model_ops s_ops = {
 };
 
 RX_PLUGIN_DEFINE (.kind = RX_KIND_MODEL, .name = "llama", .version = "0.1.0",
-                  .description = "Llama-family dense transformers: Llama 2/3, Mistral, TinyLlama, SmolLM2, Qwen2",
+                  .description = "Llama-family transformers: Llama 2/3, Mistral, Mixtral-style MoE, TinyLlama, SmolLM2, Qwen2",
                   .ops = &s_ops)

@@ -100,15 +100,18 @@ Test (engine, missing_and_foreign_files_name_the_file)
 Test (engine, an_architecture_nobody_handles_is_named)
 {
     char *m = s_model ("tiny-deepseek2.gguf");
-    EXPECT_FAIL (NULL, m, RX_ENOTSUP, "tiny-deepseek2.gguf", "no model plugin", "\"deepseek2\"", "llama");
+    /* model-deepseek2 handles this file; an_unknown_architecture_is_named
+     * covers the auto pick.  A plugin named explicitly still refuses it. */
     EXPECT_FAIL ("[model]\nplugin = llama\n", m, RX_ENOTSUP, "plugin = llama", "\"deepseek2\"");
     free (m);
 }
 
-Test (engine, moe_files_are_refused_by_model_llama)
+/* model-llama runs MoE files through the [moe] dispatcher (numbers in
+ * test_models_ref); an unknown dispatcher is named. */
+Test (engine, moe_files_need_their_dispatcher)
 {
     char *m = s_model ("tiny-moe.gguf");
-    EXPECT_FAIL (NULL, m, RX_ENOTSUP, "tiny-moe.gguf", "expert_count", "mixture-of-experts");
+    EXPECT_FAIL ("[moe]\ndispatcher = nosuch\n", m, RX_ENOENT, "[moe] dispatcher = nosuch", "moe-nosuch.so");
     free (m);
 }
 
@@ -285,6 +288,14 @@ static char *s_mutate (const char *dir, const char *name, const struct mutation 
         free (p_);                                                              \
         free (d_);                                                              \
     } while (0)
+
+/* The auto pick names an architecture no plugin handles (and the plugins
+ * it looked at). */
+Test (engine, an_unknown_architecture_is_named)
+{
+    MUTANT_FAILS (((struct mutation) { .set_key = "general.architecture", .set_str = "nosuch" }),
+                  RX_ENOTSUP, "no model plugin", "\"nosuch\"", "llama");
+}
 
 Test (model_llama, missing_or_bad_keys_are_named)
 {

@@ -132,6 +132,7 @@ struct fixture {
 };
 
 static const char *s_kv_dtype = NULL;   /* [attention] kv_dtype override */
+static const char *s_moe_max = NULL;    /* [moe] max_tokens_per_rank override */
 
 static void s_open (struct fixture *f, const struct ref *r, int64_t n_slots)
 {
@@ -147,6 +148,8 @@ static void s_open (struct fixture *f, const struct ref *r, int64_t n_slots)
     if (!ini) cr_assert_eq (rx_conf_set (f->b.conf, "kernels", "threads", "1", &err), RX_OK, "%s", err.msg);
     if (s_kv_dtype)
         cr_assert_eq (rx_conf_set (f->b.conf, "attention", "kv_dtype", s_kv_dtype, &err), RX_OK, "%s", err.msg);
+    if (s_moe_max)
+        cr_assert_eq (rx_conf_set (f->b.conf, "moe", "max_tokens_per_rank", s_moe_max, &err), RX_OK, "%s", err.msg);
     struct rx_engine_opts o = { .model_path = r->gguf, .n_slots = n_slots, .max_tokens = 256 };
     f->e = rx_engine_new (&f->b, &o, &err);
     cr_assert_not_null (f->e, "%s", err.msg);
@@ -471,6 +474,10 @@ static void s_last_rows (const char *model, double tol)
 MODEL_TESTS (tiny_llama, "tiny-llama", 1e-3)
 MODEL_TESTS (tiny_llama_q8, "tiny-llama-q8", 0.1)
 MODEL_TESTS (tiny_llama_q4, "tiny-llama-q4", 0.1)
+/* Mixtral-style MoE through the moe-local dispatcher ([moe] dispatcher's
+ * default). */
+MODEL_TESTS (tiny_moe, "tiny-moe", 1e-3)
+MODEL_TESTS (tiny_deepseek2, "tiny-deepseek2", 1e-3)   /* MLA + DeepSeek MoE (model-deepseek2, attn-mla, moe-local) */
 
 /* F16 KV cache (llama.cpp's default cache type): the README puts its effect
  * at up to about 7e-3 on these logits, so tol 1e-2 -- close enough to catch a
@@ -481,4 +488,79 @@ Test (tiny_llama_kv_f16, teacher_forced_prefill_and_decode)
     s_kv_dtype = "f16";
     s_teacher_forced ("tiny-llama", 1e-2, 0);
     s_teacher_forced ("tiny-llama", 1e-2, 1);
+}
+
+/* [moe] max_tokens_per_rank = 3: the dispatcher holds 3 tokens, so every
+ * prefill step goes through it in chunks of 3 (the last one shorter). */
+Test (tiny_moe_chunked_dispatch, teacher_forced_prefill_and_chunks_of_7)
+{
+    s_moe_max = "3";
+    s_teacher_forced ("tiny-moe", 1e-3, 0);
+    s_teacher_forced ("tiny-moe", 1e-3, 7);
+}
+
+/* The engine with the plugins of dir (NULL: every built plugin) and
+ * [moe] dispatcher = dispatcher (NULL: the default); NULL + err on failure. */
+static rx_engine_t *s_engine (struct rx_boot *b, const char *model, const char *dir,
+                              const char *dispatcher, struct rx_err *err)
+{
+    TU_REQUIRE_SHARED ();
+    setenv ("RADIX_PLUGIN_PATH", dir ? dir : tu_env ("RX_PLUGIN_BUILD_DIR"), 1);
+    cr_assert_eq (rx_boot_open (b, NULL, 0, err), RX_OK, "%s", err->msg);
+    cr_assert_eq (rx_conf_set (b->conf, "kernels", "threads", "1", err), RX_OK, "%s", err->msg);
+    if (dispatcher)
+        cr_assert_eq (rx_conf_set (b->conf, "moe", "dispatcher", dispatcher, err), RX_OK, "%s", err->msg);
+    char path[4096];
+    snprintf (path, sizeof path, "%s/data/models/%s.gguf", tu_env ("RADIX_SHARED"), model);
+    struct rx_engine_opts o = { .model_path = path, .n_slots = 256, .max_tokens = 64 };
+    return rx_engine_new (b, &o, err);
+}
+
+Test (tiny_moe, unknown_dispatcher_is_refused)
+{
+    struct rx_boot b;
+    struct rx_err err = { 0 };
+    rx_engine_t *e = s_engine (&b, "tiny-moe", NULL, "nope", &err);
+    cr_assert_null (e);
+    cr_assert (strstr (err.msg, "[moe] dispatcher = nope"), "%s", err.msg);
+    rx_boot_close (&b);
+    /* Explicitly configured and unknown: refused for a dense model too. */
+    err = (struct rx_err) { 0 };
+    e = s_engine (&b, "tiny-llama", NULL, "nope", &err);
+    cr_assert_null (e);
+    cr_assert (strstr (err.msg, "[moe] dispatcher = nope"), "%s", err.msg);
+    rx_boot_close (&b);
+}
+
+/* No moe-*.so installed: a dense model still runs, an MoE model is refused
+ * naming the missing dispatcher. */
+Test (tiny_moe, no_dispatcher_installed)
+{
+    char *dir = tu_tmpdir ();
+    const char *keep[] = { "kernels-cpu.so", "model-llama.so", "attn-mha.so" };
+    for (size_t i = 0; i < 3; i++) {
+        char *from = tu_path (tu_env ("RX_PLUGIN_BUILD_DIR"), keep[i]), *to = tu_path (dir, keep[i]);
+        cr_assert_eq (symlink (from, to), 0, "symlink %s", to);
+        free (from);
+        free (to);
+    }
+    struct rx_boot b;
+    struct rx_err err = { 0 };
+    rx_engine_t *e = s_engine (&b, "tiny-llama", dir, NULL, &err);
+    cr_assert_not_null (e, "%s", err.msg);
+    rx_engine_destroy (&e);
+    rx_boot_close (&b);
+    err = (struct rx_err) { 0 };
+    e = s_engine (&b, "tiny-moe", dir, NULL, &err);
+    cr_assert_null (e);
+    cr_assert_eq (err.code, RX_ENOTSUP, "%s", err.msg);
+    cr_assert (strstr (err.msg, "needs a MoE dispatcher"), "%s", err.msg);
+    rx_boot_close (&b);
+    for (size_t i = 0; i < 3; i++) {
+        char *to = tu_path (dir, keep[i]);
+        unlink (to);
+        free (to);
+    }
+    rmdir (dir);
+    free (dir);
 }

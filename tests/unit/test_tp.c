@@ -406,6 +406,28 @@ Test (tp, three_ranks_over_two_kv_heads)
     free (gguf);
 }
 
+/* A mixture-of-experts model is refused with tensor parallelism (until
+ * expert parallelism lands): every rank says so, none waits for a timeout. */
+Test (tp, moe_model_refused)
+{
+    struct ref_prompts rp;
+    char *gguf = s_ref_load ("tiny-moe", &rp);
+    struct tp_job j = { .gguf = gguf, .n_prompts = 1, .prompt = { rp.ids[0] },
+                        .n_prompt = { rp.len[0] }, .n_gen = 1, .group = s_group ("moe"),
+                        .timeout_s = 60 };
+    struct tp_out o[2];
+    time_t t0 = time (NULL);
+    s_run_ranks (&j, 2, o);
+    cr_assert (time (NULL) - t0 < 30, "the ranks took %lds to fail", (long) (time (NULL) - t0));
+    for (int r = 0; r < 2; r++) {
+        cr_assert_eq (o[r].h.rc, RX_ENOTSUP, "rank %d: %s (%s)", r, rx_status_name (o[r].h.rc), o[r].h.msg);
+        cr_assert_not_null (strstr (o[r].h.msg, "expert parallelism"), "%s", o[r].h.msg);
+        cr_assert_not_null (strstr (o[r].h.msg, "tiny-moe.gguf"), "%s", o[r].h.msg);
+    }
+    s_ref_free (&rp);
+    free (gguf);
+}
+
 /* ---- SmolLM2-135M: 9 query heads / 3 KV heads, split 1+2 ---- */
 
 static char *s_smol_path (void)

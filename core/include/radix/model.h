@@ -41,7 +41,8 @@
  * plugin (a plugin that cannot split refuses n_rank > 1 at create).  Every
  * rank is given the same batches; each computes its share (heads, FFN
  * columns) and the row-parallel outputs are all-reduced, so every rank ends
- * with the same logits.  The MoE dispatcher is appended when it lands.
+ * with the same logits.  Mixture-of-experts models route their expert rows
+ * through the MoE dispatcher plugin the env carries (radix/moe.h).
  *
  * Thread-safety: create/destroy from one thread; one instance is driven by
  * one thread at a time.  Ownership: the instance owns its weights (kernel
@@ -59,6 +60,7 @@
 #include <radix/err.h>
 #include <radix/host.h>
 #include <radix/kernel.h>
+#include <radix/moe.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -108,7 +110,18 @@ struct rx_model_env {
      * its row-parallel outputs with comm->all_reduce (comm_inst, ...). */
     const struct rx_comm_ops *comm;
     void *comm_inst;
-    /* ---- ABI 1.0 ends here.  Append only below (MoE dispatcher). ---- */
+    /* The MoE dispatcher plugin ([moe] dispatcher, radix/moe.h) and its
+     * host table (its [moe.<name>] section); NULL when the engine has none.
+     * A mixture-of-experts model creates its dispatcher instance(s) from
+     * these (create() takes moe_host); a dense model ignores them. */
+    const struct rx_moe_ops *moe;
+    const struct rx_host *moe_host;
+    /* [moe] max_tokens_per_rank: the most tokens one dispatch carries (the
+     * dispatcher's max_tokens); a model whose step is larger dispatches in
+     * chunks.  0 = the max_tokens of reserve(). */
+    int32_t moe_max_tokens;
+    int32_t reserved2_;
+    /* ---- ABI 1.0 ends here.  Append only below. ---- */
 };
 
 /* What the core needs to know about an instance. */

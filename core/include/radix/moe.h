@@ -1,0 +1,112 @@
+/* radix/moe.h -- the MoE-dispatcher kind (RX_KIND_MOE).
+ *
+ * ABI: 1.0, being built (members may still be appended before the first
+ * release; nothing below is reordered or retyped once released).
+ *
+ * A mixture-of-experts layer routes each token to its top-k experts.  The
+ * model plugin computes the router (scores, top-k ids and weights) and runs
+ * the experts' matmuls; the dispatcher moves the token rows between them:
+ *
+ *   dispatch (x, topk ids, topk weights)
+ *       -> the rows this rank's experts must process, grouped by local
+ *          expert (counts and offsets on the host, so the model can size
+ *          one matmul per expert), in a buffer the instance owns;
+ *   the model runs expert e on rows [offsets[e], offsets[e+1]) of
+ *       routed.x into the same rows of routed.y;
+ *   combine (routed.y)
+ *       -> out[t] = sum over t's k choices of weight * y(t, choice), back in
+ *          the tokens' original order (on the rank the tokens came from).
+ *
+ * Plugins: `local` (ep_size 1: no communication), `ep_normal` (experts
+ * sharded over ep_size ranks; all_to_all_v with the real per-rank counts
+ * exchanged first: dynamic shapes, for prefill), `ep_low_latency` (fixed
+ * buffers sized from max_tokens x ranks x local experts, no count exchange
+ * on the critical path, graph-capturable: for decode), `ep_auto` (normal
+ * for prefill, low-latency for decode).  All give the same outputs as
+ * `local` within float tolerance.
+ *
+ * Experts are sharded contiguously: rank r owns global experts
+ * [r*E/ep_size, (r+1)*E/ep_size).
+ *
+ * Memory: x, the routing and out are device memory of the kernel backend
+ * given at create; routed.x / routed.y belong to the instance and stay
+ * valid until the next dispatch or destroy (combine may use routed.y as
+ * its scratch: its contents are undefined after combine).  The combine order of the k
+ * contributions of a token is fixed (choice 0, 1, ..), so results do not
+ * depend on the dispatcher or the ranks' timing.
+ *
+ * Thread-safety: one thread drives an instance; dispatch and combine
+ * alternate (dispatch, then combine of that dispatch). */
+#ifndef RADIX_MOE_H
+#define RADIX_MOE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <radix/comm.h>
+#include <radix/err.h>
+#include <radix/host.h>
+#include <radix/kernel.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Parameters of create() (filled by the model plugin). */
+struct rx_moe_config {
+    uint32_t struct_size;            /* sizeof (struct rx_moe_config) */
+    int32_t  n_expert;               /* experts of the layer, all ranks */
+    int32_t  n_expert_used;          /* k: choices per token */
+    int32_t  n_embd;                 /* width of a dispatched row and of an expert output row */
+    int32_t  max_tokens;             /* most tokens one rank dispatches in one call */
+    int32_t  ep_rank, ep_size;       /* this rank in the expert-parallel group; 0 / 1 */
+    const struct rx_kernels_ops *kops;  /* the kernel backend (borrowed) */
+    void    *kbe;
+    rx_kstream_t *stream;            /* NULL = default */
+    const struct rx_comm_ops *comm;  /* the EP group's comm (NULL when ep_size is 1) */
+    void    *comm_inst;
+};
+
+/* What dispatch() hands the model: this rank's expert rows. */
+struct rx_moe_routed {
+    uint32_t struct_size;            /* set by the caller */
+    int32_t  first_expert;           /* global id of local expert 0 */
+    int32_t  n_local_expert;
+    const int32_t *offsets;          /* host [n_local_expert + 1]: rows of local expert e are
+                                        [offsets[e], offsets[e+1]) */
+    int32_t  n_rows;                 /* offsets[n_local_expert] */
+    float   *x;                      /* device [n_rows][n_embd]: the rows to process */
+    float   *y;                      /* device [n_rows][n_embd]: where the model writes expert outputs */
+};
+
+struct rx_moe_ops {
+    uint32_t struct_size;
+    /* ---- ABI 1.0 ---- */
+
+    /* (required) host: the plugin's host table ([moe.<name>] keys).  A
+     * config it cannot run (ep_size > 1 without comm, for `local` any
+     * ep_size > 1) is RX_EINVAL / RX_ENOTSUP with one line naming it. */
+    int  (*create) (const struct rx_host *host, const struct rx_moe_config *cfg, void **moe,
+                    struct rx_err *err);
+    void (*destroy) (void *moe);
+    /* (required) x: [n_tok][ldx] rows; ids: device int32 [n_tok][k] global
+     * expert ids; w: device F32 [n_tok][k] weights.  n_tok may be 0 (an
+     * idle rank still takes part in the collectives).  n_tok > max_tokens
+     * is RX_ERANGE (never a buffer overrun). */
+    int  (*dispatch) (void *moe, const float *x, size_t ldx, int32_t n_tok, const int32_t *ids,
+                      const float *w, struct rx_moe_routed *routed, struct rx_err *err);
+    /* (required) out[t] (= or += with RX_MM_ACCUMULATE in flags) the
+     * weighted sum of token t's expert outputs, from routed->y of the last
+     * dispatch. */
+    int  (*combine) (void *moe, float *out, size_t ldo, uint32_t flags, struct rx_err *err);
+
+    /* ---- ABI 1.0 ends here.  Append only below. ---- */
+};
+
+#define RX_MOE_OPS_SIZE_1_0 \
+    (offsetof (struct rx_moe_ops, combine) + sizeof (void *))
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* RADIX_MOE_H */

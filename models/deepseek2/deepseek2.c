@@ -1,0 +1,954 @@
+/* models/deepseek2/deepseek2.c -- model-deepseek2.so: DeepSeek-V2/V3 style
+ * transformers (arch "deepseek2"): multi-head latent attention (MLA) and
+ * DeepSeek mixture of experts, as llama.cpp's deepseek2 graph computes them.
+ *
+ * One layer (pre-norm residual):
+ *     h  = rms_norm(x) * attn_norm
+ *     q  = Wq_b (rms_norm(Wq_a h) * q_a_norm)     (or Wq h without q_lora_rank)
+ *          per head [q_nope (hd_k - rope) | q_pe (rope)]
+ *     kv = Wkv_a_mqa h = [c_kv (kv_lora_rank) | k_pe (rope)];
+ *          c_kv = rms_norm(c_kv) * kv_a_norm
+ *     RoPE (GGML "normal", YaRN when set) on q_pe and k_pe only
+ *     x += Wo attention(q, [c_kv | k_pe], kv_b)     (attention plugin, KV_LATENT:
+ *          the plugin stores the latent row and owns the MLA math)
+ *     h  = rms_norm(x) * ffn_norm
+ *     blocks < leading_dense_block_count: x += down(silu(gate h) * up h)
+ *     else (MoE):
+ *          s = sigmoid or softmax(Wgate_inp h)     (expert_gating_func 2 / 1)
+ *          choose top-k of s + exp_probs_b (the bias only for the choice;
+ *            group-limited when expert_group_count > 1: keep the
+ *            expert_group_used_count groups with the best sum of their top
+ *            two, then top-k inside them)
+ *          w = s of the chosen (unbiased), / their sum if expert_weights_norm,
+ *              * expert_weights_scale
+ *          x += sum_j w_j expert_j(h) + shared_expert(h)
+ * then logits = (rms_norm(x) * output_norm) Wout^T for the rows asked for.
+ *
+ * YaRN (rope.scaling.type yarn, factor f > 1): the rope op gets freq_scale
+ * 1/f, ext_factor 1 and attn_factor 1 / (1 + 0.1 ln f) (which cancels the
+ * op's own magnitude scaling); the score scale is mscale^2 / sqrt(hd_k) with
+ * mscale = 1 + yarn_log_multiplier ln f (llama.cpp's pre-scaling).
+ *
+ * Routing.  The router matmul, the gating function, the bias and the top-k
+ * are kernel ops on the device.  Gathering the unbiased scores of the
+ * chosen experts and normalizing them has no kernel op in kernel.h 1.0, so
+ * the scores and ids are copied to the host (n_tokens x n_expert floats,
+ * one synchronization per MoE layer), the weights computed there and copied
+ * back.  Group-limited selection is done on the host too.  The experts run
+ * through the MoE dispatcher (radix/moe.h) the core hands in env->moe
+ * (required for a model with MoE blocks): dispatch (in chunks of
+ * [moe] max_tokens_per_rank rows), one batched matmul per local expert,
+ * combine (+= into the residual).  The shared expert is added after.
+ *
+ * Tensor parallelism is not implemented: n_rank > 1 is refused at create.
+ *
+ * Every computation is a kernel-backend op (radix/kernel.h); scratch is
+ * sized once by reserve(). */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <radix/attn.h>
+#include <radix/kernel.h>
+#include <radix/model.h>
+#include <radix/moe.h>
+#include <radix/plugin.h>
+
+#define DS_MAX_LAYERS 1024
+#define DS_MAX_DIM    (1 << 20)
+#define DS_MAX_EXPERT 4096
+#define DS_NAME       "model-deepseek2"
+
+enum { DS_GATE_SOFTMAX = 1, DS_GATE_SIGMOID = 2 };
+
+struct ds_layer {
+    const float *attn_norm, *ffn_norm, *q_a_norm, *kv_a_norm;  /* device F32 */
+    rx_kweight_t *wq, *wq_a, *wq_b, *wkv_a, *wkv_b, *wo;
+    /* dense */
+    rx_kweight_t *w_gate, *w_up, *w_down;
+    /* MoE */
+    rx_kweight_t *w_gate_inp, *w_gate_exps, *w_up_exps, *w_down_exps;
+    rx_kweight_t *w_gate_sh, *w_up_sh, *w_down_sh;
+    const float *probs_b;                        /* device F32 [n_expert] or NULL */
+};
+
+struct ds_model {
+    const struct rx_host *host;
+    struct rx_kctx k;
+    const struct rx_attn_ops *attn_ops;
+    void *attn;
+    const struct rx_moe_ops *moe_ops;            /* env->moe (required for MoE blocks) */
+    const struct rx_host *moe_host;
+    void *moe;                                   /* created by reserve() */
+    int32_t moe_max_tokens;                      /* env->moe_max_tokens (0: max_tokens) */
+    int32_t moe_chunk;                           /* rows per dispatch */
+    const char *path;
+    char arch[32];
+
+    /* hyper-parameters */
+    int32_t n_vocab, n_ctx_train, n_layer, n_embd, n_ff;
+    int32_t n_head, hd_k, hd_v, n_rot, q_lora, kv_lora;
+    int32_t n_dense, n_expert, n_used, n_shared, n_ff_exp;
+    int32_t n_group, n_group_used, gating;
+    int     w_norm;
+    float   w_scale;
+    float eps, attn_scale;
+    struct rx_rope_params rope;
+
+    /* weights */
+    rx_kweight_t *tok_embd, *output;
+    const float *output_norm;
+    struct ds_layer *layers;
+    rx_kweight_t **owned;
+    size_t n_owned, cap_owned;
+    uint64_t weight_bytes, n_params;
+
+    /* reserve() */
+    uint64_t n_slots;
+    int32_t max_tokens;
+    float *x, *h, *qa, *q, *kv, *att, *gate, *up, *hout, *probs, *sel, *wts;
+    void *f32_mem;
+    int32_t *ih, *idev;                          /* int32 staging (see s_forward) */
+    size_t cap_slots;
+    int32_t *d_topk;                             /* device [T][n_used] */
+    float *h_probs;                              /* host [T][n_expert] */
+    int32_t *h_topk;                             /* host [T][n_used] */
+    float *h_wts;                                /* host [T][n_used] */
+};
+
+/* ------------------------------------------------------------ helpers -- */
+
+static void *s_zalloc (const struct rx_host *h, size_t n)
+{
+    void *p = h->alloc (h, n, 0);
+    if (p) memset (p, 0, n);
+    return p;
+}
+
+static int s_key_u32 (struct ds_model *m, const struct rx_model_src *src, const char *name,
+                      int required, uint32_t dflt, uint32_t *out, struct rx_err *err)
+{
+    char key[128];
+    snprintf (key, sizeof key, "%s.%s", m->arch, name);
+    int rc = src->get_u32 (src, key, out);
+    if (rc == RX_ENOENT && !required) {
+        *out = dflt;
+        return RX_OK;
+    }
+    if (rc == RX_ENOENT)
+        return rx_err_set (err, RX_EFORMAT, "%s: " DS_NAME ": missing key %s", src->path, key);
+    if (rc != RX_OK)
+        return rx_err_set (err, RX_EFORMAT, "%s: " DS_NAME ": key %s is not an unsigned integer (%s)",
+                           src->path, key, rx_status_name (rc));
+    return RX_OK;
+}
+
+static int s_key_f32 (struct ds_model *m, const struct rx_model_src *src, const char *name,
+                      int required, float dflt, float *out, struct rx_err *err)
+{
+    char key[128];
+    snprintf (key, sizeof key, "%s.%s", m->arch, name);
+    int rc = src->get_f32 (src, key, out);
+    if (rc == RX_ENOENT && !required) {
+        *out = dflt;
+        return RX_OK;
+    }
+    if (rc == RX_ENOENT)
+        return rx_err_set (err, RX_EFORMAT, "%s: " DS_NAME ": missing key %s", src->path, key);
+    if (rc != RX_OK || !isfinite (*out))
+        return rx_err_set (err, RX_EFORMAT, "%s: " DS_NAME ": key %s is not a finite float",
+                           src->path, key);
+    return RX_OK;
+}
+
+static int s_key_bool (struct ds_model *m, const struct rx_model_src *src, const char *name,
+                       int dflt, int *out, struct rx_err *err)
+{
+    char key[128];
+    snprintf (key, sizeof key, "%s.%s", m->arch, name);
+    int rc = src->get_bool (src, key, out);
+    if (rc == RX_ENOENT) {
+        *out = dflt;
+        return RX_OK;
+    }
+    if (rc != RX_OK)
+        return rx_err_set (err, RX_EFORMAT, "%s: " DS_NAME ": key %s is not a boolean", src->path, key);
+    return RX_OK;
+}
+
+static int s_push_owned (struct ds_model *m, rx_kweight_t *w, struct rx_err *err)
+{
+    if (m->n_owned == m->cap_owned) {
+        size_t nc = m->cap_owned ? m->cap_owned * 2 : 64;
+        rx_kweight_t **na = s_zalloc (m->host, nc * sizeof *na);
+        if (!na) return rx_err_set (err, RX_ENOMEM, DS_NAME ": out of memory");
+        if (m->owned) {
+            memcpy (na, m->owned, m->n_owned * sizeof *na);
+            m->host->free_ (m->host, m->owned);
+        }
+        m->owned = na;
+        m->cap_owned = nc;
+    }
+    m->owned[m->n_owned++] = w;
+    return RX_OK;
+}
+
+/* Load tensor `name`, its shape checked to be [ne0, ne1, ne2] (trailing 0:
+ * that dimension is 1).  *w = NULL and RX_OK when optional and absent. */
+static int s_weight (struct ds_model *m, const struct rx_model_src *src, const char *name,
+                     int64_t ne0, int64_t ne1, int64_t ne2, int optional, rx_kweight_t **w,
+                     struct rx_err *err)
+{
+    *w = NULL;
+    struct rx_weight_view v;
+    memset (&v, 0, sizeof v);
+    int rc = src->tensor (src, name, &v);
+    if (rc == RX_ENOENT && optional) return RX_OK;
+    if (rc == RX_ENOENT)
+        return rx_err_set (err, RX_EFORMAT, "%s: " DS_NAME ": missing tensor %s", src->path, name);
+    if (rc != RX_OK)
+        return rx_err_set (err, RX_EFORMAT, "%s: " DS_NAME ": cannot read tensor %s (%s)",
+                           src->path, name, rx_status_name (rc));
+    uint64_t e1 = ne1 ? (uint64_t) ne1 : 1, e2 = ne2 ? (uint64_t) ne2 : 1;
+    if (v.ne[0] != (uint64_t) ne0 || v.ne[1] != e1 || v.ne[2] != e2 || v.ne[3] != 1)
+        return rx_err_set (err, RX_EFORMAT,
+                           "%s: " DS_NAME ": tensor %s has shape [%llu,%llu,%llu,%llu], expected [%lld,%llu,%llu]",
+                           src->path, name, (unsigned long long) v.ne[0], (unsigned long long) v.ne[1],
+                           (unsigned long long) v.ne[2], (unsigned long long) v.ne[3], (long long) ne0,
+                           (unsigned long long) e1, (unsigned long long) e2);
+    if (rx_dtype_row_bytes (v.dtype, (size_t) v.ne[0]) == 0)
+        return rx_err_set (err, RX_EFORMAT, "%s: " DS_NAME ": tensor %s: %llu columns are not whole %s blocks",
+                           src->path, name, (unsigned long long) v.ne[0], rx_dtype_name (v.dtype));
+    rc = m->k.ops->weight_load (m->k.be, &v, w, err);
+    if (rc != RX_OK) {
+        char why[RX_ERR_MSG_MAX];
+        snprintf (why, sizeof why, "%s", err ? err->msg : "");
+        *w = NULL;
+        return rx_err_set (err, rc, "%s: " DS_NAME ": tensor %s (%s): %s", src->path, name,
+                           rx_dtype_name (v.dtype), why);
+    }
+    if ((rc = s_push_owned (m, *w, err)) != RX_OK) {
+        m->k.ops->weight_free (m->k.be, *w);
+        *w = NULL;
+        return rc;
+    }
+    m->weight_bytes += v.nbytes;
+    m->n_params += v.ne[0] * v.ne[1] * v.ne[2] * v.ne[3];
+    return RX_OK;
+}
+
+/* A 1-D F32 vector (norm weight, bias) as a device pointer.  *out = NULL
+ * when optional and absent. */
+static int s_vector (struct ds_model *m, const struct rx_model_src *src, const char *name,
+                     int64_t n, int optional, const float **out, struct rx_err *err)
+{
+    *out = NULL;
+    struct rx_weight_view v;
+    int rc = src->tensor (src, name, &v);
+    if (rc == RX_ENOENT && optional) return RX_OK;
+    if (rc == RX_OK && v.dtype != RX_F32)
+        return rx_err_set (err, RX_ENOTSUP, "%s: " DS_NAME ": tensor %s is %s, only f32 is supported for norms and biases",
+                           src->path, name, rx_dtype_name (v.dtype));
+    rx_kweight_t *w;
+    if ((rc = s_weight (m, src, name, n, 0, 0, 0, &w, err)) != RX_OK) return rc;
+    const void *p;
+    if ((rc = m->k.ops->weight_data (m->k.be, w, &p, err)) != RX_OK) return rc;
+    *out = p;
+    return RX_OK;
+}
+
+/* ------------------------------------------------------------ life cycle -- */
+
+static void s_free_scratch (struct ds_model *m)
+{
+    if (m->f32_mem || m->idev || m->d_topk)
+        m->k.ops->synchronize (m->k.be, m->k.stream, NULL);
+    if (m->moe) m->moe_ops->destroy (m->moe);
+    m->moe = NULL;
+    if (m->f32_mem) m->k.ops->free_ (m->k.be, m->f32_mem);
+    if (m->idev) m->k.ops->free_ (m->k.be, m->idev);
+    if (m->d_topk) m->k.ops->free_ (m->k.be, m->d_topk);
+    if (m->ih) m->host->free_ (m->host, m->ih);
+    if (m->h_probs) m->host->free_ (m->host, m->h_probs);
+    if (m->h_topk) m->host->free_ (m->host, m->h_topk);
+    if (m->h_wts) m->host->free_ (m->host, m->h_wts);
+    m->f32_mem = NULL;
+    m->idev = m->ih = m->d_topk = m->h_topk = NULL;
+    m->h_probs = m->h_wts = NULL;
+    m->x = m->h = m->qa = m->q = m->kv = m->att = m->gate = m->up = m->hout = NULL;
+    m->probs = m->sel = m->wts = NULL;
+    m->max_tokens = 0;
+    m->cap_slots = 0;
+}
+
+static void s_destroy (void *p)
+{
+    struct ds_model *m = p;
+    if (!m) return;
+    s_free_scratch (m);
+    if (m->attn) m->attn_ops->destroy (m->attn);
+    for (size_t i = 0; i < m->n_owned; i++)
+        m->k.ops->weight_free (m->k.be, m->owned[i]);
+    if (m->owned) m->host->free_ (m->host, m->owned);
+    if (m->layers) m->host->free_ (m->host, m->layers);
+    m->host->free_ (m->host, m);
+}
+
+static int s_hparams (struct ds_model *m, const struct rx_model_src *src, struct rx_err *err)
+{
+    uint32_t u;
+    int rc;
+#define DS_U32(name, req, dflt, dst) \
+    do { if ((rc = s_key_u32 (m, src, name, req, dflt, &u, err))) return rc; \
+         if (u > DS_MAX_DIM) return rx_err_set (err, RX_EFORMAT, "%s: " DS_NAME ": %s.%s = %u is too large", \
+                                                src->path, m->arch, name, u); \
+         dst = (int32_t) u; } while (0)
+    DS_U32 ("embedding_length", 1, 0, m->n_embd);
+    DS_U32 ("block_count", 1, 0, m->n_layer);
+    DS_U32 ("feed_forward_length", 1, 0, m->n_ff);
+    DS_U32 ("attention.head_count", 1, 0, m->n_head);
+    DS_U32 ("attention.q_lora_rank", 0, 0, m->q_lora);
+    DS_U32 ("attention.kv_lora_rank", 1, 0, m->kv_lora);
+    DS_U32 ("attention.key_length", 1, 0, m->hd_k);
+    DS_U32 ("attention.value_length", 1, 0, m->hd_v);
+    DS_U32 ("rope.dimension_count", 1, 0, m->n_rot);
+    DS_U32 ("leading_dense_block_count", 0, 0, m->n_dense);
+    DS_U32 ("expert_count", 0, 0, m->n_expert);
+    DS_U32 ("expert_used_count", 0, 0, m->n_used);
+    DS_U32 ("expert_shared_count", 0, 0, m->n_shared);
+    DS_U32 ("expert_feed_forward_length", 0, 0, m->n_ff_exp);
+    DS_U32 ("expert_group_count", 0, 0, m->n_group);
+    DS_U32 ("expert_group_used_count", 0, 0, m->n_group_used);
+    DS_U32 ("expert_gating_func", 0, DS_GATE_SOFTMAX, m->gating);
+#undef DS_U32
+    if ((rc = s_key_u32 (m, src, "context_length", 0, 4096, &u, err))) return rc;
+    m->n_ctx_train = u > INT32_MAX ? INT32_MAX : (int32_t) u;
+    if ((rc = s_key_f32 (m, src, "expert_weights_scale", 0, 1.0f, &m->w_scale, err))) return rc;
+    if ((rc = s_key_bool (m, src, "expert_weights_norm", 0, &m->w_norm, err))) return rc;
+    if ((rc = s_key_f32 (m, src, "attention.layer_norm_rms_epsilon", 1, 0, &m->eps, err))) return rc;
+    uint32_t n_kv_head;
+    if ((rc = s_key_u32 (m, src, "attention.head_count_kv", 0, (uint32_t) m->n_head, &n_kv_head, err))) return rc;
+
+    if (m->n_embd <= 0 || m->n_layer <= 0 || m->n_layer > DS_MAX_LAYERS || m->n_ff <= 0
+        || m->n_head <= 0 || m->n_head > 4096 || (int64_t) n_kv_head != m->n_head)
+        return rx_err_set (err, RX_EFORMAT,
+                           "%s: " DS_NAME ": bad hyper-parameters: n_embd %d, %d layers, n_ff %d, %d heads, %u kv heads (must equal heads)",
+                           src->path, m->n_embd, m->n_layer, m->n_ff, m->n_head, n_kv_head);
+    if (m->kv_lora <= 0 || m->hd_v <= 0 || m->n_rot <= 0 || m->n_rot % 2 || m->hd_k <= m->n_rot)
+        return rx_err_set (err, RX_EFORMAT,
+                           "%s: " DS_NAME ": bad MLA shapes: kv_lora_rank %d, key_length %d, value_length %d, rope dims %d (even, < key_length)",
+                           src->path, m->kv_lora, m->hd_k, m->hd_v, m->n_rot);
+    if (m->n_dense > m->n_layer)
+        return rx_err_set (err, RX_EFORMAT, "%s: " DS_NAME ": leading_dense_block_count %d > %d blocks",
+                           src->path, m->n_dense, m->n_layer);
+    if (m->n_dense < m->n_layer) {   /* there are MoE blocks */
+        if (m->n_expert <= 0 || m->n_expert > DS_MAX_EXPERT || m->n_used <= 0 || m->n_used > m->n_expert
+            || m->n_ff_exp <= 0)
+            return rx_err_set (err, RX_EFORMAT,
+                               "%s: " DS_NAME ": bad MoE hyper-parameters: expert_count %d, expert_used_count %d, expert_feed_forward_length %d",
+                               src->path, m->n_expert, m->n_used, m->n_ff_exp);
+        if (m->gating != DS_GATE_SOFTMAX && m->gating != DS_GATE_SIGMOID)
+            return rx_err_set (err, RX_ENOTSUP, "%s: " DS_NAME ": %s.expert_gating_func %d is not supported (1 softmax, 2 sigmoid)",
+                               src->path, m->arch, m->gating);
+        if (m->n_group > 1
+            && (m->n_expert % m->n_group || m->n_group_used <= 0 || m->n_group_used > m->n_group
+                || (int64_t) m->n_group_used * (m->n_expert / m->n_group) < m->n_used))
+            return rx_err_set (err, RX_EFORMAT,
+                               "%s: " DS_NAME ": expert groups: %d experts in %d groups, %d groups used, %d experts used",
+                               src->path, m->n_expert, m->n_group, m->n_group_used, m->n_used);
+    }
+    if (!(m->eps > 0))
+        return rx_err_set (err, RX_EFORMAT, "%s: " DS_NAME ": %s.attention.layer_norm_rms_epsilon must be > 0",
+                           src->path, m->arch);
+
+    /* RoPE on the rope part only, GGML "normal" style (llama.cpp's deepseek2). */
+    struct rx_rope_params *r = &m->rope;
+    memset (r, 0, sizeof *r);
+    r->struct_size = sizeof *r;
+    r->mode = RX_ROPE_NORMAL;
+    r->n_rot = m->n_rot;
+    if ((rc = s_key_f32 (m, src, "rope.freq_base", 0, 10000.0f, &r->freq_base, err))) return rc;
+    if (!(r->freq_base > 0))
+        return rx_err_set (err, RX_EFORMAT, "%s: " DS_NAME ": rope.freq_base must be > 0", src->path);
+    r->freq_scale = 1.0f;
+    r->ext_factor = 0.0f;
+    r->attn_factor = 1.0f;
+    r->beta_fast = 32.0f;
+    r->beta_slow = 1.0f;
+    char key[128];
+    const char *stype = NULL;
+    size_t stlen = 0;
+    snprintf (key, sizeof key, "%s.rope.scaling.type", m->arch);
+    rc = src->get_str (src, key, &stype, &stlen);
+    if (rc != RX_OK && rc != RX_ENOENT)
+        return rx_err_set (err, RX_EFORMAT, "%s: " DS_NAME ": %s is not a string", src->path, key);
+    int is_yarn = rc == RX_OK && stlen == 4 && memcmp (stype, "yarn", 4) == 0;
+    if (rc == RX_OK && !is_yarn && !(stlen == 4 && memcmp (stype, "none", 4) == 0))
+        return rx_err_set (err, RX_ENOTSUP, "%s: " DS_NAME ": rope scaling type \"%.*s\" is not supported (none, yarn)",
+                           src->path, (int) (stlen > 32 ? 32 : stlen), stype);
+    float factor = 0, log_mul = 0;
+    if ((rc = s_key_f32 (m, src, "rope.scaling.factor", 0, 0.0f, &factor, err))) return rc;
+    if ((rc = s_key_f32 (m, src, "rope.scaling.yarn_log_multiplier", 0, 0.0f, &log_mul, err))) return rc;
+    if (factor < 0)
+        return rx_err_set (err, RX_EFORMAT, "%s: " DS_NAME ": rope scaling factor %g < 0", src->path,
+                           (double) factor);
+    if ((rc = s_key_u32 (m, src, "rope.scaling.original_context_length", 0,
+                         (uint32_t) m->n_ctx_train, &u, err))) return rc;
+    r->n_ctx_orig = (int32_t) (u > INT32_MAX ? INT32_MAX : u);
+    float mscale = 1.0f;
+    if (is_yarn && factor > 1.0f) {
+        /* llama.cpp's deepseek2: pre-scale kq_scale by mscale^2 and the rope
+         * attn_factor by 1/(1 + 0.1 ln f) (the rope op multiplies it back). */
+        r->freq_scale = 1.0f / factor;
+        r->ext_factor = 1.0f;
+        mscale = 1.0f + log_mul * logf (factor);
+        r->attn_factor = 1.0f / (1.0f + 0.1f * logf (factor));
+    }
+    m->attn_scale = mscale * mscale / sqrtf ((float) m->hd_k);
+    return RX_OK;
+}
+
+static int s_weights (struct ds_model *m, const struct rx_model_src *src, struct rx_err *err)
+{
+    int rc;
+    struct rx_weight_view tv;
+    memset (&tv, 0, sizeof tv);
+    if (src->tensor (src, "token_embd.weight", &tv) != RX_OK)
+        return rx_err_set (err, RX_EFORMAT, "%s: " DS_NAME ": missing tensor token_embd.weight", src->path);
+    if (tv.ne[1] == 0 || tv.ne[1] > INT32_MAX)
+        return rx_err_set (err, RX_EFORMAT, "%s: " DS_NAME ": token_embd.weight has %llu rows",
+                           src->path, (unsigned long long) tv.ne[1]);
+    m->n_vocab = (int32_t) tv.ne[1];
+    uint32_t nv;
+    if ((rc = s_key_u32 (m, src, "vocab_size", 0, (uint32_t) m->n_vocab, &nv, err))) return rc;
+    if ((int64_t) nv != m->n_vocab)
+        return rx_err_set (err, RX_EFORMAT, "%s: " DS_NAME ": %s.vocab_size %u but token_embd.weight has %d rows",
+                           src->path, m->arch, nv, m->n_vocab);
+    const int64_t E = m->n_embd, H = m->n_head, hk = m->hd_k, hv = m->hd_v, L = m->kv_lora,
+                  R = m->n_rot, NX = m->n_expert, FE = m->n_ff_exp,
+                  FS = (int64_t) m->n_ff_exp * m->n_shared;
+    if ((rc = s_weight (m, src, "token_embd.weight", E, m->n_vocab, 0, 0, &m->tok_embd, err))) return rc;
+    if ((rc = s_vector (m, src, "output_norm.weight", E, 0, &m->output_norm, err))) return rc;
+    if ((rc = s_weight (m, src, "output.weight", E, m->n_vocab, 0, 1, &m->output, err))) return rc;
+    if (!m->output) m->output = m->tok_embd;
+
+    m->layers = s_zalloc (m->host, (size_t) m->n_layer * sizeof *m->layers);
+    if (!m->layers) return rx_err_set (err, RX_ENOMEM, DS_NAME ": out of memory");
+    for (int32_t l = 0; l < m->n_layer; l++) {
+        struct ds_layer *Y = &m->layers[l];
+        char n[96];
+#define DS_N(suffix) (snprintf (n, sizeof n, "blk.%d." suffix, (int) l), n)
+        if ((rc = s_vector (m, src, DS_N ("attn_norm.weight"), E, 0, &Y->attn_norm, err))) return rc;
+        if (m->q_lora > 0) {
+            if ((rc = s_weight (m, src, DS_N ("attn_q_a.weight"), E, m->q_lora, 0, 0, &Y->wq_a, err))) return rc;
+            if ((rc = s_vector (m, src, DS_N ("attn_q_a_norm.weight"), m->q_lora, 0, &Y->q_a_norm, err))) return rc;
+            if ((rc = s_weight (m, src, DS_N ("attn_q_b.weight"), m->q_lora, H * hk, 0, 0, &Y->wq_b, err))) return rc;
+        } else {
+            if ((rc = s_weight (m, src, DS_N ("attn_q.weight"), E, H * hk, 0, 0, &Y->wq, err))) return rc;
+        }
+        if ((rc = s_weight (m, src, DS_N ("attn_kv_a_mqa.weight"), E, L + R, 0, 0, &Y->wkv_a, err))) return rc;
+        if ((rc = s_vector (m, src, DS_N ("attn_kv_a_norm.weight"), L, 0, &Y->kv_a_norm, err))) return rc;
+        if ((rc = s_weight (m, src, DS_N ("attn_kv_b.weight"), L, H * (hk - R + hv), 0, 0, &Y->wkv_b, err))) return rc;
+        if ((rc = s_weight (m, src, DS_N ("attn_output.weight"), H * hv, E, 0, 0, &Y->wo, err))) return rc;
+        if ((rc = s_vector (m, src, DS_N ("ffn_norm.weight"), E, 0, &Y->ffn_norm, err))) return rc;
+        if (l < m->n_dense) {
+            if ((rc = s_weight (m, src, DS_N ("ffn_gate.weight"), E, m->n_ff, 0, 0, &Y->w_gate, err))) return rc;
+            if ((rc = s_weight (m, src, DS_N ("ffn_up.weight"), E, m->n_ff, 0, 0, &Y->w_up, err))) return rc;
+            if ((rc = s_weight (m, src, DS_N ("ffn_down.weight"), m->n_ff, E, 0, 0, &Y->w_down, err))) return rc;
+        } else {
+            if ((rc = s_weight (m, src, DS_N ("ffn_gate_inp.weight"), E, NX, 0, 0, &Y->w_gate_inp, err))) return rc;
+            if ((rc = s_vector (m, src, DS_N ("exp_probs_b.bias"), NX, 1, &Y->probs_b, err))) return rc;
+            if ((rc = s_weight (m, src, DS_N ("ffn_gate_exps.weight"), E, FE, NX, 0, &Y->w_gate_exps, err))) return rc;
+            if ((rc = s_weight (m, src, DS_N ("ffn_up_exps.weight"), E, FE, NX, 0, &Y->w_up_exps, err))) return rc;
+            if ((rc = s_weight (m, src, DS_N ("ffn_down_exps.weight"), FE, E, NX, 0, &Y->w_down_exps, err))) return rc;
+            if (m->n_shared > 0) {
+                if ((rc = s_weight (m, src, DS_N ("ffn_gate_shexp.weight"), E, FS, 0, 0, &Y->w_gate_sh, err))) return rc;
+                if ((rc = s_weight (m, src, DS_N ("ffn_up_shexp.weight"), E, FS, 0, 0, &Y->w_up_sh, err))) return rc;
+                if ((rc = s_weight (m, src, DS_N ("ffn_down_shexp.weight"), FS, E, 0, 0, &Y->w_down_sh, err))) return rc;
+            }
+        }
+#undef DS_N
+    }
+    return RX_OK;
+}
+
+static int s_create (const struct rx_host *host, const struct rx_model_src *src,
+                     const struct rx_model_env *env, void **out, struct rx_err *err)
+{
+    *out = NULL;
+    if (!host || !src || !env || !env->k.ops || !env->attn)
+        return rx_err_set (err, RX_EINVAL, DS_NAME ": create: NULL host, source, kernels or attention");
+    if (src->struct_size < offsetof (struct rx_model_src, tensor) + sizeof src->tensor
+        || env->struct_size < offsetof (struct rx_model_env, n_rank) + sizeof env->n_rank)
+        return rx_err_set (err, RX_EABI, DS_NAME ": create: source or environment struct too short");
+    if (env->n_rank != 1 || env->rank != 0)
+        return rx_err_set (err, RX_ENOTSUP,
+                           "%s: " DS_NAME ": tensor parallelism is not supported yet (rank %d of %d): run deepseek2 with tp_size = 1",
+                           src->path, env->rank, env->n_rank);
+    const char *arch;
+    size_t alen;
+    if (src->get_str (src, "general.architecture", &arch, &alen) != RX_OK)
+        return rx_err_set (err, RX_EFORMAT, "%s: " DS_NAME ": missing general.architecture", src->path);
+    if (!(alen == 9 && memcmp (arch, "deepseek2", 9) == 0))
+        return rx_err_set (err, RX_ENOTSUP, "%s: " DS_NAME ": architecture \"%.*s\" is not handled (deepseek2)",
+                           src->path, (int) (alen > 32 ? 32 : alen), arch);
+
+    struct ds_model *m = s_zalloc (host, sizeof *m);
+    if (!m) return rx_err_set (err, RX_ENOMEM, DS_NAME ": out of memory");
+    m->host = host;
+    m->k = env->k;
+    m->attn_ops = env->attn;
+    m->path = src->path;
+    memcpy (m->arch, arch, alen);
+    if (env->struct_size >= offsetof (struct rx_model_env, moe_max_tokens) + sizeof env->moe_max_tokens
+        && env->moe) {
+        m->moe_ops = env->moe;
+        m->moe_host = env->moe_host ? env->moe_host : host;
+        m->moe_max_tokens = env->moe_max_tokens;
+    }
+    int rc = s_hparams (m, src, err);
+    if (rc == RX_OK && m->n_dense < m->n_layer && !m->moe_ops)
+        rc = rx_err_set (err, RX_ENOTSUP,
+                         "%s: " DS_NAME ": a mixture-of-experts model needs a MoE dispatcher ([moe] dispatcher, e.g. local: moe-local.so) and the engine has none",
+                         src->path);
+    if (rc == RX_OK) rc = s_weights (m, src, err);
+    if (rc == RX_OK) {
+        struct rx_attn_config c = {
+            .struct_size = sizeof c, .kv_kind = RX_ATTN_KV_LATENT, .n_layer = m->n_layer,
+            .n_head = m->n_head, .n_kv_head = m->n_head, .hd_k = m->hd_k, .hd_v = m->hd_v,
+            .kv_dtype = env->kv_dtype, .scale = m->attn_scale, .softcap = 0, .window = 0,
+            .kv_lora_rank = m->kv_lora, .rope_dim = m->n_rot,
+        };
+        rc = env->attn->create (env->attn_host ? env->attn_host : host, &m->k, &c, &m->attn, err);
+        if (rc == RX_ENOTSUP) {
+            char why[RX_ERR_MSG_MAX];
+            snprintf (why, sizeof why, "%s", err ? err->msg : "");
+            rc = rx_err_set (err, rc, "%s: " DS_NAME ": the attention backend cannot run MLA (latent KV): %s",
+                             src->path, why);
+        }
+    }
+    if (rc != RX_OK) {
+        s_destroy (m);
+        return rc;
+    }
+    RX_HLOG (host, RX_LOG_DEBUG,
+             "%s: %s, %d layers (%d dense), n_embd %d, %d heads, q_lora %d, kv_lora %d, head dims %d/%d rope %d, experts %d (%d used, %d shared, ff %d, gating %s, groups %d/%d), vocab %d",
+             src->path, m->arch, m->n_layer, m->n_dense, m->n_embd, m->n_head, m->q_lora, m->kv_lora,
+             m->hd_k, m->hd_v, m->n_rot, m->n_expert, m->n_used, m->n_shared, m->n_ff_exp,
+             m->gating == DS_GATE_SIGMOID ? "sigmoid" : "softmax", m->n_group, m->n_group_used,
+             m->n_vocab);
+    *out = m;
+    return RX_OK;
+}
+
+static int s_info (void *p, struct rx_model_info *info)
+{
+    struct ds_model *m = p;
+    struct rx_model_info i = {
+        .struct_size = info->struct_size, .arch = m->arch, .n_vocab = m->n_vocab,
+        .n_ctx_train = m->n_ctx_train, .n_layer = m->n_layer, .n_embd = m->n_embd,
+        .n_head = m->n_head, .n_kv_head = m->n_head,
+        .kv_bytes_per_token = m->attn_ops->kv_bytes_per_token (m->attn),
+        .weight_bytes = m->weight_bytes, .n_params = m->n_params,
+    };
+    size_t n = info->struct_size < sizeof i ? info->struct_size : sizeof i;
+    memcpy (info, &i, n);
+    return RX_OK;
+}
+
+static size_t s_int_count (int32_t T, size_t cap_slots)
+{
+    return 3 * (size_t) T + 2 * ((size_t) T + 1) + cap_slots;
+}
+
+static int s_alloc_ints (struct ds_model *m, size_t cap_slots, struct rx_err *err)
+{
+    size_t n = s_int_count (m->max_tokens, cap_slots);
+    if (m->idev) {
+        m->k.ops->synchronize (m->k.be, m->k.stream, NULL);
+        m->k.ops->free_ (m->k.be, m->idev);
+        m->idev = NULL;
+    }
+    if (m->ih) {
+        m->host->free_ (m->host, m->ih);
+        m->ih = NULL;
+    }
+    m->cap_slots = 0;
+    void *d;
+    int rc = m->k.ops->alloc (m->k.be, n * sizeof (int32_t), 0, &d, err);
+    if (rc != RX_OK) return rc;
+    m->idev = d;
+    m->ih = m->host->alloc (m->host, n * sizeof (int32_t), 64);
+    if (!m->ih) return rx_err_set (err, RX_ENOMEM, DS_NAME ": out of memory (staging)");
+    m->cap_slots = cap_slots;
+    return RX_OK;
+}
+
+static int s_reserve (void *p, uint64_t n_slots, int32_t max_tokens, struct rx_err *err)
+{
+    struct ds_model *m = p;
+    if (n_slots == 0 || n_slots > INT32_MAX || max_tokens <= 0 || max_tokens > (1 << 24))
+        return rx_err_set (err, RX_EINVAL, DS_NAME ": reserve: %llu slots (1 .. %d), %d tokens per step (1 .. %d)",
+                           (unsigned long long) n_slots, INT32_MAX, max_tokens, 1 << 24);
+    s_free_scratch (m);
+    m->n_slots = 0;
+    int rc = m->attn_ops->kv_alloc (m->attn, n_slots, err);
+    if (rc != RX_OK) return rc;
+    const size_t T = (size_t) max_tokens, E = (size_t) m->n_embd, H = (size_t) m->n_head;
+    const size_t NX = m->n_expert > 0 ? (size_t) m->n_expert : 1, K = m->n_used > 0 ? (size_t) m->n_used : 1;
+    /* gate/up: the dense FFN (T rows), the shared experts (T rows) or the
+     * routed experts (up to T*K rows through the dispatcher). */
+    size_t ffw = (size_t) m->n_ff;
+    if ((size_t) m->n_ff_exp * (size_t) m->n_shared > ffw) ffw = (size_t) m->n_ff_exp * (size_t) m->n_shared;
+    size_t ffn_elems = T * ffw;
+    if (T * K * (size_t) m->n_ff_exp > ffn_elems) ffn_elems = T * K * (size_t) m->n_ff_exp;
+#define DS_R(n) (((n) + 15) & ~(size_t) 15)
+    size_t sizes[12] = {
+        DS_R (T * E), DS_R (T * E), DS_R (T * (size_t) (m->q_lora > 0 ? m->q_lora : 1)),
+        DS_R (T * H * m->hd_k), DS_R (T * (size_t) (m->kv_lora + m->n_rot)), DS_R (T * H * m->hd_v),
+        DS_R (ffn_elems), DS_R (ffn_elems), DS_R (T * E), DS_R (T * NX), DS_R (T * NX), DS_R (T * K),
+    };
+#undef DS_R
+    size_t total = 0;
+    for (int i = 0; i < 12; i++) total += sizes[i];
+    void *mem;
+    rc = m->k.ops->alloc (m->k.be, total * sizeof (float), 64, &mem, err);
+    if (rc != RX_OK)
+        return rx_err_set (err, rc, DS_NAME ": cannot allocate %.1f MiB of activations for %d tokens per step",
+                           (double) total * 4 / (1024.0 * 1024.0), max_tokens);
+    m->f32_mem = mem;
+    float *f = mem;
+    float **bufs[12] = { &m->x, &m->h, &m->qa, &m->q, &m->kv, &m->att, &m->gate, &m->up, &m->hout,
+                         &m->probs, &m->sel, &m->wts };
+    for (int i = 0; i < 12; i++) {
+        *bufs[i] = f;
+        f += sizes[i];
+    }
+    m->max_tokens = max_tokens;
+    void *d;
+    if ((rc = m->k.ops->alloc (m->k.be, T * K * sizeof (int32_t), 0, &d, err)) != RX_OK) goto fail;
+    m->d_topk = d;
+    m->h_probs = m->host->alloc (m->host, T * NX * sizeof (float), 64);
+    m->h_topk = m->host->alloc (m->host, T * K * sizeof (int32_t), 64);
+    m->h_wts = m->host->alloc (m->host, T * K * sizeof (float), 64);
+    if (!m->h_probs || !m->h_topk || !m->h_wts) {
+        rc = rx_err_set (err, RX_ENOMEM, DS_NAME ": out of memory (router staging)");
+        goto fail;
+    }
+    if ((rc = s_alloc_ints (m, (size_t) n_slots + T, err)) != RX_OK) goto fail;
+    m->moe_chunk = m->moe_max_tokens > 0 && m->moe_max_tokens < max_tokens ? m->moe_max_tokens : max_tokens;
+    if (m->moe_ops && m->n_dense < m->n_layer) {
+        struct rx_moe_config mc = {
+            .struct_size = sizeof mc, .n_expert = m->n_expert, .n_expert_used = m->n_used,
+            .n_embd = m->n_embd, .max_tokens = m->moe_chunk, .ep_rank = 0, .ep_size = 1,
+            .kops = m->k.ops, .kbe = m->k.be, .stream = m->k.stream,
+        };
+        if ((rc = m->moe_ops->create (m->moe_host, &mc, &m->moe, err)) != RX_OK) {
+            m->moe = NULL;
+            goto fail;
+        }
+    }
+    m->n_slots = n_slots;
+    return RX_OK;
+fail:
+    s_free_scratch (m);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- forward -- */
+
+static int s_check_batch (const struct ds_model *m, const struct rx_model_batch *b,
+                          struct rx_err *err)
+{
+    if (!b || b->struct_size < offsetof (struct rx_model_batch, logits) + sizeof b->logits)
+        return rx_err_set (err, RX_EINVAL, DS_NAME ": forward: NULL or short batch");
+    if (m->max_tokens == 0)
+        return rx_err_set (err, RX_EINVAL, DS_NAME ": forward before reserve()");
+    const int32_t n = b->n_tokens;
+    if (n <= 0 || n > m->max_tokens)
+        return rx_err_set (err, RX_EINVAL, DS_NAME ": forward: %d tokens (1 .. %d reserved)", n,
+                           m->max_tokens);
+    if (b->n_seq <= 0 || b->n_seq > n)
+        return rx_err_set (err, RX_EINVAL, DS_NAME ": forward: %d sequences for %d tokens", b->n_seq, n);
+    if (!b->tokens || !b->pos || !b->q_start || !b->kv_start || !b->kv_slots)
+        return rx_err_set (err, RX_EINVAL, DS_NAME ": forward: NULL tokens, pos, q_start, kv_start or kv_slots");
+    if (b->n_out < 0 || b->n_out > n || (b->n_out > 0 && (!b->out_rows || !b->logits)))
+        return rx_err_set (err, RX_EINVAL, DS_NAME ": forward: %d output rows for %d tokens (or NULL rows/logits)",
+                           b->n_out, n);
+    if (b->q_start[0] != 0 || b->q_start[b->n_seq] != n || b->kv_start[0] != 0)
+        return rx_err_set (err, RX_EINVAL, DS_NAME ": forward: q_start must run 0 .. %d and kv_start start at 0", n);
+    for (int32_t s = 0; s < b->n_seq; s++) {
+        int32_t q0 = b->q_start[s], q1 = b->q_start[s + 1];
+        int32_t k0 = b->kv_start[s], k1 = b->kv_start[s + 1];
+        if (q1 <= q0)
+            return rx_err_set (err, RX_EINVAL, DS_NAME ": forward: sequence %d has no tokens (q_start %d .. %d)",
+                               s, q0, q1);
+        if (k1 < k0 || (int64_t) (k1 - k0) < (int64_t) (q1 - q0))
+            return rx_err_set (err, RX_EINVAL, DS_NAME ": forward: sequence %d: %d KV slots for %d new tokens",
+                               s, k1 - k0, q1 - q0);
+        for (int32_t t = q0; t < q1; t++) {
+            if (b->tokens[t] < 0 || b->tokens[t] >= m->n_vocab)
+                return rx_err_set (err, RX_EINVAL, DS_NAME ": forward: token %d at row %d out of vocabulary (0 .. %d)",
+                                   b->tokens[t], t, m->n_vocab - 1);
+            if (b->pos[t] < 0 || b->pos[t] >= k1 - k0 || (t > q0 && b->pos[t] <= b->pos[t - 1]))
+                return rx_err_set (err, RX_EINVAL,
+                                   DS_NAME ": forward: row %d position %d: positions must increase within a sequence and stay below its KV length %d",
+                                   t, b->pos[t], k1 - k0);
+        }
+    }
+    int64_t total = b->kv_start[b->n_seq];
+    for (int64_t i = 0; i < total; i++)
+        if (b->kv_slots[i] < 0 || (uint64_t) b->kv_slots[i] >= m->n_slots)
+            return rx_err_set (err, RX_EINVAL, DS_NAME ": forward: KV slot %d at %lld out of 0 .. %llu",
+                               b->kv_slots[i], (long long) i, (unsigned long long) m->n_slots - 1);
+    for (int32_t j = 0; j < b->n_out; j++)
+        if (b->out_rows[j] < 0 || b->out_rows[j] >= n || (j > 0 && b->out_rows[j] <= b->out_rows[j - 1]))
+            return rx_err_set (err, RX_EINVAL, DS_NAME ": forward: output row %d (%d) must increase within 0 .. %d",
+                               j, b->out_rows[j], n - 1);
+    return RX_OK;
+}
+
+#define DS_TRY(expr) do { int rc_ = (expr); if (rc_ != RX_OK) return rc_; } while (0)
+
+/* Host part of routing for n tokens: h_probs holds the unbiased scores.
+ * choose: pick the experts from the selection scores sel_h (group-limited);
+ * else h_topk already holds the device top-k.  Then the weights into h_wts. */
+static void s_route_host (const struct ds_model *m, size_t n, const float *sel_h, int choose)
+{
+    const size_t NX = (size_t) m->n_expert, K = (size_t) m->n_used;
+    for (size_t t = 0; t < n; t++) {
+        const float *s = m->h_probs + t * NX;
+        int32_t *ids = m->h_topk + t * K;
+        if (choose) {
+            /* Group-limited: keep the n_group_used groups with the largest
+             * sum of their two best selection scores, then the top K of the
+             * experts in them (lower index first on ties). */
+            const float *sel = sel_h + t * NX;
+            const size_t G = (size_t) m->n_group, per = NX / G;
+            uint8_t keep[DS_MAX_EXPERT];
+            float gs[DS_MAX_EXPERT];
+            for (size_t g = 0; g < G; g++) {
+                float b1 = -INFINITY, b2 = -INFINITY;
+                for (size_t e = g * per; e < (g + 1) * per; e++) {
+                    if (sel[e] > b1) { b2 = b1; b1 = sel[e]; }
+                    else if (sel[e] > b2) b2 = sel[e];
+                }
+                gs[g] = per > 1 ? b1 + b2 : b1;
+                keep[g] = 0;
+            }
+            for (int32_t k = 0; k < m->n_group_used; k++) {
+                size_t best = G;
+                for (size_t g = 0; g < G; g++)
+                    if (!keep[g] && (best == G || gs[g] > gs[best])) best = g;
+                keep[best] = 1;
+            }
+            uint8_t taken[DS_MAX_EXPERT];
+            memset (taken, 0, NX);
+            for (size_t k = 0; k < K; k++) {
+                size_t best = NX;
+                for (size_t e = 0; e < NX; e++)
+                    if (keep[e / per] && !taken[e] && (best == NX || sel[e] > sel[best])) best = e;
+                taken[best] = 1;
+                ids[k] = (int32_t) best;
+            }
+        }
+        float *w = m->h_wts + t * K;
+        double sum = 0;
+        for (size_t k = 0; k < K; k++) {
+            w[k] = s[ids[k]];
+            sum += w[k];
+        }
+        for (size_t k = 0; k < K; k++) {
+            if (m->w_norm) w[k] = (float) (w[k] / sum);
+            w[k] *= m->w_scale;
+        }
+    }
+}
+
+/* x += MoE(h) for the n rows of h (see the header comment). */
+static int s_moe (struct ds_model *m, const struct ds_layer *Y, size_t n, struct rx_err *err)
+{
+    const struct rx_kernels_ops *K = m->k.ops;
+    void *be = m->k.be;
+    rx_kstream_t *st = m->k.stream;
+    const size_t E = (size_t) m->n_embd, NX = (size_t) m->n_expert, KK = (size_t) m->n_used,
+                 FE = (size_t) m->n_ff_exp;
+    /* router: scores (unbiased) in probs, selection scores in sel */
+    DS_TRY (K->matmul (be, st, Y->w_gate_inp, -1, m->h, E, m->probs, NX, n, 0, err));
+    if (m->gating == DS_GATE_SIGMOID)
+        DS_TRY (K->sigmoid (be, st, m->probs, NX, m->probs, NX, n, NX, err));
+    else
+        DS_TRY (K->softmax (be, st, m->probs, NX, n, NX, 1.0f, err));
+    const float *sel = m->probs;
+    if (Y->probs_b) {
+        DS_TRY (K->add (be, st, m->probs, NX, Y->probs_b, 0, m->sel, NX, n, NX, err));
+        sel = m->sel;
+    }
+    const int groups = m->n_group > 1;
+    DS_TRY (K->copy_d2h (be, st, m->h_probs, m->probs, n * NX * sizeof (float), err));
+    float *sel_h = NULL;
+    if (groups) {
+        /* Group-limited selection on the host: it needs the biased
+         * selection scores too. */
+        sel_h = m->host->alloc (m->host, n * NX * sizeof (float), 64);
+        if (!sel_h) return rx_err_set (err, RX_ENOMEM, DS_NAME ": out of memory (expert groups)");
+        int rc = K->copy_d2h (be, st, sel_h, sel, n * NX * sizeof (float), err);
+        if (rc == RX_OK) rc = K->synchronize (be, st, err);
+        if (rc != RX_OK) {
+            m->host->free_ (m->host, sel_h);
+            return rc;
+        }
+        s_route_host (m, n, sel_h, 1);
+        m->host->free_ (m->host, sel_h);
+        DS_TRY (K->copy_h2d (be, st, m->d_topk, m->h_topk, n * KK * sizeof (int32_t), err));
+    } else {
+        DS_TRY (K->topk (be, st, sel, NX, n, NX, KK, NULL, m->d_topk, err));
+        DS_TRY (K->copy_d2h (be, st, m->h_topk, m->d_topk, n * KK * sizeof (int32_t), err));
+        DS_TRY (K->synchronize (be, st, err));
+        s_route_host (m, n, NULL, 0);
+    }
+    DS_TRY (K->copy_h2d (be, st, m->wts, m->h_wts, n * KK * sizeof (float), err));
+
+    /* The routed experts through the dispatcher, in chunks of at most
+     * its max_tokens rows ([moe] max_tokens_per_rank). */
+    for (size_t c0 = 0; c0 < n; c0 += (size_t) m->moe_chunk) {
+        const size_t nc = n - c0 < (size_t) m->moe_chunk ? n - c0 : (size_t) m->moe_chunk;
+        struct rx_moe_routed r = { .struct_size = sizeof r };
+        DS_TRY (m->moe_ops->dispatch (m->moe, m->h + c0 * E, E, (int32_t) nc, m->d_topk + c0 * KK,
+                                      m->wts + c0 * KK, &r, err));
+        for (int32_t e = 0; e < r.n_local_expert; e++) {
+            size_t r0 = (size_t) r.offsets[e], nr = (size_t) (r.offsets[e + 1] - r.offsets[e]);
+            if (nr == 0) continue;
+            int ge = r.first_expert + e;
+            const float *xr = r.x + r0 * E;
+            DS_TRY (K->matmul (be, st, Y->w_gate_exps, ge, xr, E, m->gate, FE, nr, 0, err));
+            DS_TRY (K->matmul (be, st, Y->w_up_exps, ge, xr, E, m->up, FE, nr, 0, err));
+            DS_TRY (K->swiglu (be, st, m->gate, FE, m->up, FE, m->gate, FE, nr, FE, err));
+            DS_TRY (K->matmul (be, st, Y->w_down_exps, ge, m->gate, FE, r.y + r0 * E, E, nr, 0, err));
+        }
+        DS_TRY (m->moe_ops->combine (m->moe, m->x + c0 * E, E, RX_MM_ACCUMULATE, err));
+    }
+    if (m->n_shared > 0) {
+        const size_t FS = FE * (size_t) m->n_shared;
+        DS_TRY (K->matmul (be, st, Y->w_gate_sh, -1, m->h, E, m->gate, FS, n, 0, err));
+        DS_TRY (K->matmul (be, st, Y->w_up_sh, -1, m->h, E, m->up, FS, n, 0, err));
+        DS_TRY (K->swiglu (be, st, m->gate, FS, m->up, FS, m->gate, FS, n, FS, err));
+        DS_TRY (K->matmul (be, st, Y->w_down_sh, -1, m->gate, FS, m->x, E, n, RX_MM_ACCUMULATE, err));
+    }
+    return RX_OK;
+}
+
+static int s_forward (void *p, const struct rx_model_batch *b, struct rx_err *err)
+{
+    struct ds_model *m = p;
+    DS_TRY (s_check_batch (m, b, err));
+    const struct rx_kernels_ops *K = m->k.ops;
+    void *be = m->k.be;
+    rx_kstream_t *st = m->k.stream;
+    const int32_t n = b->n_tokens, T = m->max_tokens;
+    const size_t total = (size_t) b->kv_start[b->n_seq];
+    if (total > m->cap_slots) {
+        size_t cap = m->cap_slots * 2 > total ? m->cap_slots * 2 : total;
+        DS_TRY (s_alloc_ints (m, cap, err));
+    }
+    /* Stage every index array in one host block, upload it at once:
+     * tokens[T] pos[T] new_slots[T] q_start[T+1] kv_start[T+1] kv_slots[cap]. */
+    int32_t *h_tok = m->ih, *h_pos = h_tok + T, *h_new = h_pos + T, *h_qs = h_new + T,
+            *h_ks = h_qs + T + 1, *h_slots = h_ks + T + 1;
+    memcpy (h_tok, b->tokens, (size_t) n * sizeof *h_tok);
+    memcpy (h_pos, b->pos, (size_t) n * sizeof *h_pos);
+    memcpy (h_qs, b->q_start, ((size_t) b->n_seq + 1) * sizeof *h_qs);
+    memcpy (h_ks, b->kv_start, ((size_t) b->n_seq + 1) * sizeof *h_ks);
+    memcpy (h_slots, b->kv_slots, total * sizeof *h_slots);
+    for (int32_t s = 0; s < b->n_seq; s++)
+        for (int32_t t = b->q_start[s]; t < b->q_start[s + 1]; t++)
+            h_new[t] = b->kv_slots[b->kv_start[s] + b->pos[t]];
+    size_t bytes = (size_t) ((h_slots + total) - h_tok) * sizeof (int32_t);
+    DS_TRY (K->copy_h2d (be, st, m->idev, m->ih, bytes, err));
+    const int32_t *d_tok = m->idev, *d_pos = d_tok + T, *d_new = d_pos + T, *d_qs = d_new + T,
+                  *d_ks = d_qs + T + 1, *d_slots = d_ks + T + 1;
+    const struct rx_attn_batch ab = {
+        .n_seq = b->n_seq, .n_tokens = n, .q_start = d_qs, .kv_start = d_ks,
+        .slots = d_slots, .q_pos = d_pos,
+    };
+    if (RX_HAS (struct rx_attn_ops, m->attn_ops, prepare) && m->attn_ops->prepare)
+        DS_TRY (m->attn_ops->prepare (m->attn, &ab, err));
+
+    const size_t E = (size_t) m->n_embd, F = (size_t) m->n_ff, nn = (size_t) n;
+    const size_t H = (size_t) m->n_head, hk = (size_t) m->hd_k, L = (size_t) m->kv_lora,
+                 R = (size_t) m->n_rot, qd = H * hk, kvd = L + R, od = H * (size_t) m->hd_v,
+                 QL = (size_t) m->q_lora;
+
+    DS_TRY (K->get_rows (be, st, m->tok_embd, d_tok, nn, m->x, E, err));
+    for (int32_t l = 0; l < m->n_layer; l++) {
+        const struct ds_layer *Y = &m->layers[l];
+        DS_TRY (K->rms_norm (be, st, m->x, E, Y->attn_norm, m->h, E, nn, E, m->eps, err));
+        if (Y->wq_a) {
+            DS_TRY (K->matmul (be, st, Y->wq_a, -1, m->h, E, m->qa, QL, nn, 0, err));
+            DS_TRY (K->rms_norm (be, st, m->qa, QL, Y->q_a_norm, m->qa, QL, nn, QL, m->eps, err));
+            DS_TRY (K->matmul (be, st, Y->wq_b, -1, m->qa, QL, m->q, qd, nn, 0, err));
+        } else {
+            DS_TRY (K->matmul (be, st, Y->wq, -1, m->h, E, m->q, qd, nn, 0, err));
+        }
+        DS_TRY (K->matmul (be, st, Y->wkv_a, -1, m->h, E, m->kv, kvd, nn, 0, err));
+        DS_TRY (K->rms_norm (be, st, m->kv, kvd, Y->kv_a_norm, m->kv, kvd, nn, L, m->eps, err));
+        DS_TRY (K->rope (be, st, m->q + (hk - R), qd, nn, H, hk, d_pos, &m->rope, err));
+        DS_TRY (K->rope (be, st, m->kv + L, kvd, nn, 1, R, d_pos, &m->rope, err));
+        const struct rx_attn_io io = {
+            .struct_size = sizeof io, .q = m->q, .ldq = qd, .k = m->kv, .ldk = kvd,
+            .v = NULL, .ldv = 0, .out = m->att, .ldo = od, .w_kv_b = Y->wkv_b,
+        };
+        DS_TRY (m->attn_ops->forward (m->attn, l, &ab, d_new, &io, err));
+        DS_TRY (K->matmul (be, st, Y->wo, -1, m->att, od, m->x, E, nn, RX_MM_ACCUMULATE, err));
+        DS_TRY (K->rms_norm (be, st, m->x, E, Y->ffn_norm, m->h, E, nn, E, m->eps, err));
+        if (Y->w_gate) {
+            DS_TRY (K->matmul (be, st, Y->w_gate, -1, m->h, E, m->gate, F, nn, 0, err));
+            DS_TRY (K->matmul (be, st, Y->w_up, -1, m->h, E, m->up, F, nn, 0, err));
+            DS_TRY (K->swiglu (be, st, m->gate, F, m->up, F, m->gate, F, nn, F, err));
+            DS_TRY (K->matmul (be, st, Y->w_down, -1, m->gate, F, m->x, E, nn, RX_MM_ACCUMULATE, err));
+        } else {
+            DS_TRY (s_moe (m, Y, nn, err));
+        }
+        if (RX_HAS (struct rx_host, m->host, progress)) m->host->progress (m->host);
+    }
+    if (b->n_out == 0) return RX_OK;
+
+    const float *src = m->x;
+    if (b->n_out != n) {
+        for (int32_t j = 0; j < b->n_out;) {
+            int32_t r0 = b->out_rows[j], len = 1;
+            while (j + len < b->n_out && b->out_rows[j + len] == r0 + len) len++;
+            DS_TRY (K->copy2d (be, st, m->x + (size_t) r0 * E, E, m->hout + (size_t) j * E, E,
+                               (size_t) len, E, err));
+            j += len;
+        }
+        src = m->hout;
+    }
+    DS_TRY (K->rms_norm (be, st, src, E, m->output_norm, m->hout, E, (size_t) b->n_out, E, m->eps, err));
+    return K->matmul (be, st, m->output, -1, m->hout, E, b->logits, (size_t) m->n_vocab,
+                      (size_t) b->n_out, 0, err);
+}
+
+static const char *s_default_attention (const char *arch)
+{
+    (void) arch;
+    return "mla";
+}
+
+static const char *const s_archs[] = { "deepseek2", NULL };
+
+static const struct rx_model_ops s_ops = {
+    .struct_size = sizeof (struct rx_model_ops),
+    .architectures = s_archs,
+    .default_attention = s_default_attention,
+    .create = s_create,
+    .destroy = s_destroy,
+    .info = s_info,
+    .reserve = s_reserve,
+    .forward = s_forward,
+};
+
+RX_PLUGIN_DEFINE (.kind = RX_KIND_MODEL, .name = "deepseek2", .version = "0.1.0",
+                  .description = "DeepSeek-V2/V3 (arch deepseek2): MLA attention, DeepSeek MoE",
+                  .ops = &s_ops)
