@@ -1545,10 +1545,12 @@ int rx_api_generate_response (const char *id, const struct rx_api_choice *c, siz
 }
 
 int rx_api_generate_chunk (const char *id, const struct rx_api_choice *c,
-                           const struct rx_api_usage *u, char **sse)
+                           const struct rx_api_usage *u, int index, char **sse)
 {
     struct s_b b = { 0 };
-    return s_dump (&b, s_gen_obj (&b, id, c, u), 1, sse);
+    json_t *o = s_gen_obj (&b, id, c, u);
+    if (o && index >= 0) s_set (&b, o, "index", json_integer (index));
+    return s_dump (&b, o, 1, sse);
 }
 
 int rx_api_tokenize_response (const int32_t *ids, size_t n, int32_t max_model_len, char **json)

@@ -278,9 +278,11 @@ int rx_api_models_response (const char *const *names, size_t n, int64_t created,
 int rx_api_generate_response (const char *id, const struct rx_api_choice *c, size_t n,
                               const struct rx_api_usage *us, char **json);
 /* A streamed /generate event: "data: <the object above>\n\n".  SGLang
- * streams the cumulative text so far, not a delta. */
+ * streams the cumulative text so far, not a delta.  index >= 0 (a request
+ * with n > 1) adds "index": index, saying which sequence the event is for,
+ * as SGLang does; -1 leaves it out. */
 int rx_api_generate_chunk (const char *id, const struct rx_api_choice *c,
-                           const struct rx_api_usage *u, char **sse);
+                           const struct rx_api_usage *u, int index, char **sse);
 
 /* /tokenize: {"tokens": [...], "count": n, "max_model_len": ctx_len}. */
 int rx_api_tokenize_response (const int32_t *ids, size_t n, int32_t max_model_len, char **json);

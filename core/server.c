@@ -470,7 +470,7 @@ static void s_stream_delta (rx_server_t *s, struct s_live *l, uint32_t idx, cons
         struct rx_api_usage u;
         s_usage (l, &u);
         u.completion_tokens = (int32_t) c->completion_tokens;
-        if (rx_api_generate_chunk (l->ext_id ? l->ext_id : l->id, &v, &u, &sse) == RX_OK)
+        if (rx_api_generate_chunk (l->ext_id ? l->ext_id : l->id, &v, &u, l->n > 1 ? (int) idx : -1, &sse) == RX_OK)
             s_send_sse (l, sse);
         break;
     }

@@ -116,6 +116,26 @@ def test_generate_stream():
     eq(finish_type(last), "length", "last event's finish_reason.type")
     eq(last["completion_tokens"], 12, "last event's completion_tokens")
     eq(events[-1]["text"], want, "final streamed text vs the plain /generate text")
+    expect(all("index" not in ev for ev in events), "n = 1 stream events carry an index")
+
+
+@test
+def test_generate_stream_n2_events_name_their_sequence():
+    # n = 2: each event says which sequence its cumulative text belongs to;
+    # per index the texts extend each other and end with the plain answer's
+    sp = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True, "n": 2}
+    plain = gen(sampling_params=sp)
+    expect(isinstance(plain, list) and len(plain) == 2, "n = 2 plain answer: %s" % short(plain))
+    _, events = D.stream("/generate", {"text": PROMPT, "stream": True, "sampling_params": sp})
+    seen = {0: "", 1: ""}
+    for i, ev in enumerate(events):
+        expect(ev.get("index") in (0, 1), "event %d has index %r" % (i, ev.get("index")))
+        k = ev["index"]
+        expect(ev["text"].startswith(seen[k].rstrip("\ufffd")),
+               "event %d (index %d) text %r does not extend %r" % (i, k, ev["text"], seen[k]))
+        seen[k] = ev["text"]
+    for k in (0, 1):
+        eq(seen[k], plain[k]["text"], "index %d's last streamed text vs the plain answer" % k)
 
 
 @test

@@ -1120,10 +1120,18 @@ Test (api_resp, generate)
     free (js);
     /* a stream event: cumulative text, finish_reason null while running */
     struct rx_api_choice run = { .text = "Hi", .len = 2, .matched_id = -1 };
-    cr_assert_eq (rx_api_generate_chunk ("r", &run, &u, &js), RX_OK);
+    cr_assert_eq (rx_api_generate_chunk ("r", &run, &u, -1, &js), RX_OK);
     o = s_sse (js);
     cr_expect_str_eq (JS (o, "text"), "Hi");
     cr_expect (json_is_null (json_object_get (json_object_get (o, "meta_info"), "finish_reason")));
+    cr_expect_null (json_object_get (o, "index"));
+    json_decref (o);
+    free (js);
+    /* n > 1: every event says which sequence it is for */
+    cr_assert_eq (rx_api_generate_chunk ("r", &run, &u, 1, &js), RX_OK);
+    o = s_sse (js);
+    cr_expect_eq (JI (o, "index"), 1);
+    cr_expect_str_eq (JS (o, "text"), "Hi");
     json_decref (o);
     free (js);
 }
