@@ -1,7 +1,10 @@
 /* bench/kernels.c -- micro-benchmark of kernels-cpu's matvec (decode) and
  * matmul (prefill) paths against a plain memory-read loop.
  *
- *   bench/kernels [-t threads] [-i isa] [-w map|copy] [-m MiB] [-s seconds]
+ *   bench/kernels [-t threads] [-i isa] [-w map|copy] [-m MiB] [-s seconds] [-P] [-D] [-n N]
+ *
+ * -P skips the prefill shapes, -D the decode ones; -n N: activation rows of
+ * the prefill shapes (default 64; 512 is a pp512 ubatch).
  *
  * Loads kernels-cpu.so through the real loader (plugin dir from
  * $RX_PLUGIN_BUILD_DIR, default ./_plugins).  Decode streams every weight
@@ -180,9 +183,10 @@ int main (int argc, char **argv)
     const char *isa = "auto", *weights = "auto";
     size_t mib = 512;
     double secs = 1.0;
-    int prefill = 1;
+    int prefill = 1, decode = 1;
+    size_t np = 64;
     int opt;
-    while ((opt = getopt (argc, argv, "t:i:w:m:s:P")) != -1) {
+    while ((opt = getopt (argc, argv, "t:i:w:m:s:PDn:")) != -1) {
         switch (opt) {
         case 't': threads_max = atoi (optarg); break;
         case 'i': isa = optarg; break;
@@ -190,8 +194,10 @@ int main (int argc, char **argv)
         case 'm': mib = (size_t) atol (optarg); break;
         case 's': secs = atof (optarg); break;
         case 'P': prefill = 0; break;
+        case 'D': decode = 0; break;
+        case 'n': np = (size_t) atol (optarg); if (np < 1) np = 1; break;
         default:
-            fprintf (stderr, "usage: %s [-t threads] [-i isa] [-w map|copy] [-m MiB] [-s secs] [-P]\n", argv[0]);
+            fprintf (stderr, "usage: %s [-t threads] [-i isa] [-w map|copy] [-m MiB] [-s secs] [-P] [-D] [-n N]\n", argv[0]);
             return 2;
         }
     }
@@ -212,12 +218,12 @@ int main (int argc, char **argv)
         struct rx_kernels_info info = { .struct_size = sizeof info };
         K->info (be, &info);
         printf ("  backend: %s, weights %s\n", info.device, weights);
-        for (size_t ti = 0; ti < 3; ti++)
+        for (size_t ti = 0; ti < 3 && decode; ti++)
             for (size_t si = 0; si < 3; si++)
                 s_matvec (be, types[ti], shapes[si][0], shapes[si][1], mib, secs, 1, "decode");
         if (prefill)
             for (size_t ti = 0; ti < 3; ti++)
-                s_matvec (be, types[ti], 960, 2560, mib, secs, 64, "prefill");
+                s_matvec (be, types[ti], 960, 2560, mib, secs, np, "prefill");
         K->destroy (be);
     }
     rx_loader_destroy (&l);

@@ -3,7 +3,10 @@
  * One task = (query row, KV head): the query heads that share a KV head are
  * done together so each K/V row is read once for the whole group.  Scores
  * for the visible positions go to a per-thread scratch row, then an exact
- * (two-pass) softmax and the weighted sum of V. */
+ * (two-pass) softmax and the weighted sum of V.  A path with block
+ * primitives (isa.h attn_scores/attn_wsum/softmax: AVX-512) does each of
+ * the three steps for the whole head group in one call, so a K or V row
+ * is loaded once per group and no per-row call or reduction is paid. */
 #include <math.h>
 #include <string.h>
 
@@ -97,6 +100,26 @@ static inline void s_axpy (const struct rx_kisa *isa, float *y, float a, const v
     else isa->axpy_f32 (y, a, vrow, n);
 }
 
+/* Raw dot products -> probabilities, in place: scale, soft cap, exact
+ * two-pass softmax. */
+static void s_softmax (float *sc, size_t len, const struct rx_attn_params *p)
+{
+    float max = -INFINITY;
+    for (size_t j = 0; j < len; j++) {
+        float v = sc[j] * p->scale;
+        if (p->softcap > 0.f) v = p->softcap * tanhf (v / p->softcap);
+        sc[j] = v;
+        max = v > max ? v : max;
+    }
+    double sum = 0.0;
+    for (size_t j = 0; j < len; j++) {
+        sc[j] = expf (sc[j] - max);
+        sum += sc[j];
+    }
+    const float inv = (float) (1.0 / sum);
+    for (size_t j = 0; j < len; j++) sc[j] *= inv;
+}
+
 static void s_attn_tasks (void *ctx, size_t task0, size_t task1, int tid)
 {
     struct s_attn *c = ctx;
@@ -115,31 +138,36 @@ static void s_attn_tasks (void *ctx, size_t task0, size_t task1, int tid)
         int32_t first = 0;
         if (p->window > 0 && pos - p->window + 1 > 0) first = pos - p->window + 1;
         const size_t len = (size_t) (pos - first + 1);
+        const size_t esz = pool->dtype == RX_F16 ? 2 : 4;
+        if (c->isa->attn_scores && c->isa->attn_wsum) {
+            /* The path's block primitives: all heads of the group and every
+             * visible row at once (each K/V row read once for the group). */
+            const float *q = c->q + t * c->ldq + kvh * group * hk;
+            c->isa->attn_scores (q, hk, group, (const uint8_t *) pool->k + kvh * hk * esz, pool->dtype,
+                                 krow, slots + first, len, hk, scores, len);
+            for (size_t g = 0; g < group; g++) {
+                if (c->isa->softmax && !(p->softcap > 0.f)) c->isa->softmax (scores + g * len, len, p->scale);
+                else s_softmax (scores + g * len, len, p);
+            }
+            c->isa->attn_wsum (c->out + t * c->ldo + kvh * group * hv, hv, scores, len, group,
+                               (const uint8_t *) pool->v + kvh * hv * esz, pool->dtype, vrow,
+                               slots + first, len, hv);
+            continue;
+        }
         for (size_t g = 0; g < group; g++) {
             const size_t h = kvh * group + g;
             const float *q = c->q + t * c->ldq + h * hk;
             float *sc = scores + g * len;
-            float max = -INFINITY;
             for (size_t j = 0; j < len; j++) {
                 const void *kr = s_row (pool->k, pool->dtype, (size_t) slots[first + (int32_t) j], krow);
-                kr = (const uint8_t *) kr + kvh * hk * (pool->dtype == RX_F16 ? 2 : 4);
-                float v = s_dot (c->isa, q, kr, pool->dtype, hk) * p->scale;
-                if (p->softcap > 0.f) v = p->softcap * tanhf (v / p->softcap);
-                sc[j] = v;
-                max = v > max ? v : max;
+                sc[j] = s_dot (c->isa, q, (const uint8_t *) kr + kvh * hk * esz, pool->dtype, hk);
             }
-            double sum = 0.0;
-            for (size_t j = 0; j < len; j++) {
-                sc[j] = expf (sc[j] - max);
-                sum += sc[j];
-            }
-            const float inv = (float) (1.0 / sum);
-            for (size_t j = 0; j < len; j++) sc[j] *= inv;
+            s_softmax (sc, len, p);
             float *o = c->out + t * c->ldo + h * hv;
             memset (o, 0, hv * sizeof (float));
             for (size_t j = 0; j < len; j++) {
                 const void *vr = s_row (pool->v, pool->dtype, (size_t) slots[first + (int32_t) j], vrow);
-                vr = (const uint8_t *) vr + kvh * hv * (pool->dtype == RX_F16 ? 2 : 4);
+                vr = (const uint8_t *) vr + kvh * hv * esz;
                 s_axpy (c->isa, o, sc[j], vr, pool->dtype, hv);
             }
         }

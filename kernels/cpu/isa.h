@@ -51,6 +51,10 @@ struct rx_mm_job {
     size_t         ldy;
     int            accumulate;
     int            repacked;     /* rows are in the path's repacked layout */
+    /* Scratch of mm_pack_bytes() bytes, 64-byte aligned, owned by the
+     * calling thread for the duration of the call (NULL: none; the path
+     * then uses its unpacked kernels). */
+    void          *pack;
 };
 
 struct rx_kisa {
@@ -63,6 +67,12 @@ struct rx_kisa {
     /* 1 if mm handles dtype. */
     int    (*mm_supported) (int dtype);
     void   (*mm) (const struct rx_mm_job *j, size_t r0, size_t r1);
+    /* Optional (NULL: 0).  Bytes of per-thread packing scratch mm wants
+     * for a dtype x in x n product (0: none); mm then reads j->pack. */
+    size_t (*mm_pack_bytes) (int dtype, size_t in, size_t n);
+    /* Rows of a weight panel of the packed kernels: the driver's row
+     * chunks are multiples of it (0: 16). */
+    size_t mm_pack_rows;
     /* Optional (NULL: GGML layout only).  Bytes of one row of dtype in the
      * path's own layout, 0 if it keeps GGML's; repack rows; dequantize one
      * repacked row (embedding lookup). */
@@ -75,6 +85,18 @@ struct rx_kisa {
     float (*dot_f16) (const float *a, const uint16_t *b, size_t n);
     void  (*axpy_f32) (float *y, float a, const float *x, size_t n);
     void  (*axpy_f16) (float *y, float a, const uint16_t *x, size_t n);
+    /* Optional (NULL: attention loops over the primitives above).  Rows
+     * r_j = base + slots[j] * stride elements of dtype (F32 or F16 KV), for
+     * nq query heads at once (each row is read once for all of them).
+     * attn_scores: out[g * ldo + j] = dot(q + g * ldq, r_j[0..hk)).
+     * attn_wsum:   (o + g * ldo)[0..hv) = sum_j p[g * ldp + j] * r_j[0..hv). */
+    void  (*attn_scores) (const float *q, size_t ldq, size_t nq, const void *base, int dtype,
+                          size_t stride, const int32_t *slots, size_t n, size_t hk, float *out,
+                          size_t ldo);
+    void  (*attn_wsum) (float *o, size_t ldo, const float *p, size_t ldp, size_t nq, const void *base,
+                        int dtype, size_t stride, const int32_t *slots, size_t n, size_t hv);
+    /* Optional: sc[0..n) = softmax(sc * scale), in place (no soft cap). */
+    void  (*softmax) (float *sc, size_t n, float scale);
 };
 
 enum rx_isa_id { RX_ISA_SCALAR = 0, RX_ISA_AVX2 = 1, RX_ISA_AVX512 = 2, RX_ISA_COUNT_ };

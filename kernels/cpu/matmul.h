@@ -1,7 +1,10 @@
 /* kernels/cpu/matmul.h -- the matmul driver: quantizes activations with the
- * selected path's format, then splits weight rows over the pool's threads
- * (dynamic chunks, so a thread slowed by another process does not hold the
- * op back). */
+ * selected path's format (a small activation is quantized once for the
+ * following matmuls of equal rows: Q/K/V, gate/up), then splits weight rows
+ * over the pool's threads (dynamic, guided chunks, so a thread slowed by
+ * another process does not hold the op back and the threads finish close
+ * together), giving each thread its packing scratch if the path wants one
+ * (the AVX-512 float GEMM). */
 #ifndef RX_KCPU_MATMUL_H
 #define RX_KCPU_MATMUL_H
 

@@ -177,6 +177,7 @@ static void s_destroy (void *be)
         free (b->raw);
     }
     free (k->scratch);
+    free (k->xq_buf);
     free (k);
 }
 

@@ -30,6 +30,14 @@ struct rx_kcpu {
     struct rx_kweight *weights;   /* every live weight */
     void  *scratch;               /* ops' temporary memory, 64-aligned */
     size_t scratch_cap;
+    /* The last small activation matmul.c quantized, with a copy of its
+     * source rows: the next matmul of equal rows (Q/K/V, gate/up of one
+     * token) reuses it instead of quantizing again.  xq_buf: n rows of
+     * xq_row_bytes, then n x in source floats; 64-aligned, owned. */
+    void  *xq_buf;
+    size_t xq_cap;
+    int    xq_valid, xq_dtype, xq_repacked;
+    size_t xq_in, xq_n, xq_row_bytes;
 };
 
 struct rx_kweight {

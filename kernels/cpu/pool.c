@@ -49,7 +49,8 @@ struct rx_kpool {
     /* The job, published before gen is bumped. */
     rx_kpool_fn fn;
     void *ctx;
-    size_t n, chunk;
+    size_t n, chunk, min_chunk;
+    size_t guide;                           /* 2 x threads of the run */
     _Alignas (64) _Atomic size_t next;      /* next unclaimed item */
     _Alignas (64) _Atomic uint32_t gen;     /* futex word */
     _Atomic uint32_t open;                  /* gen of the open run, 0 = closed */
@@ -96,11 +97,28 @@ static uint32_t s_wait_gen (rx_kpool_t *p, uint32_t seen)
 
 static void s_claim (rx_kpool_t *p, int tid)
 {
-    for (;;) {
-        size_t i0 = atomic_fetch_add_explicit (&p->next, p->chunk, memory_order_relaxed);
-        if (i0 >= p->n) break;
-        size_t i1 = i0 + p->chunk < p->n ? i0 + p->chunk : p->n;
-        p->fn (p->ctx, i0, i1, tid);
+    if (p->min_chunk >= p->chunk) {
+        for (;;) {
+            size_t i0 = atomic_fetch_add_explicit (&p->next, p->chunk, memory_order_relaxed);
+            if (i0 >= p->n) break;
+            size_t i1 = i0 + p->chunk < p->n ? i0 + p->chunk : p->n;
+            p->fn (p->ctx, i0, i1, tid);
+        }
+        return;
+    }
+    /* Guided: a claim takes 1/(2 x threads) of what is left, between
+     * min_chunk and chunk, in multiples of min_chunk -- big chunks while
+     * there is much to do, small ones at the end, so the threads finish
+     * within a small chunk of each other. */
+    size_t i0 = atomic_load_explicit (&p->next, memory_order_relaxed);
+    while (i0 < p->n) {
+        size_t c = (p->n - i0) / p->guide / p->min_chunk * p->min_chunk;
+        c = c < p->min_chunk ? p->min_chunk : c > p->chunk ? p->chunk : c;
+        if (!atomic_compare_exchange_weak_explicit (&p->next, &i0, i0 + c, memory_order_relaxed,
+                                                    memory_order_relaxed))
+            continue;   /* i0 now holds the current value */
+        p->fn (p->ctx, i0, i0 + c < p->n ? i0 + c : p->n, tid);
+        i0 = atomic_load_explicit (&p->next, memory_order_relaxed);
     }
 }
 
@@ -179,6 +197,12 @@ int rx_kpool_threads (const rx_kpool_t *p) { return p->nth; }
 void rx_kpool_for (rx_kpool_t *p, size_t n, size_t chunk, rx_kpool_fn fn, void *ctx,
                    int nth_use)
 {
+    rx_kpool_for_guided (p, n, chunk, 0, fn, ctx, nth_use);
+}
+
+void rx_kpool_for_guided (rx_kpool_t *p, size_t n, size_t chunk, size_t min_chunk, rx_kpool_fn fn,
+                          void *ctx, int nth_use)
+{
     if (n == 0) return;
     if (nth_use <= 0 || nth_use > p->nth) nth_use = p->nth;
     if (chunk == 0) chunk = n / (4 * (size_t) nth_use);
@@ -191,6 +215,8 @@ void rx_kpool_for (rx_kpool_t *p, size_t n, size_t chunk, rx_kpool_fn fn, void *
     p->ctx = ctx;
     p->n = n;
     p->chunk = chunk;
+    p->min_chunk = min_chunk == 0 || min_chunk > chunk ? chunk : min_chunk;
+    p->guide = 2 * (size_t) nth_use;
     atomic_store_explicit (&p->next, 0, memory_order_relaxed);
     uint32_t g = atomic_load_explicit (&p->gen, memory_order_relaxed);
     uint32_t ng = ((g >> S_NTH_BITS) + 1) << S_NTH_BITS | (uint32_t) nth_use;

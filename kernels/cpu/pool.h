@@ -40,4 +40,11 @@ int rx_kpool_threads (const rx_kpool_t *p);
 void rx_kpool_for (rx_kpool_t *p, size_t n, size_t chunk, rx_kpool_fn fn, void *ctx,
                    int nth_use);
 
+/* Like rx_kpool_for, but chunks shrink towards the end: each claim takes
+ * 1/(2 x threads) of the items left, at most chunk and at least min_chunk
+ * (chunk should be a multiple of min_chunk; every chunk then starts at a
+ * multiple of min_chunk).  min_chunk 0 or >= chunk: fixed chunks. */
+void rx_kpool_for_guided (rx_kpool_t *p, size_t n, size_t chunk, size_t min_chunk, rx_kpool_fn fn,
+                          void *ctx, int nth_use);
+
 #endif

@@ -796,6 +796,90 @@ Test (kcpu, matmul_paths_agree, .timeout = 120)
     free (x);
 }
 
+/* Many activation rows (prompt processing): F32/F16/BF16 take the packed
+ * outer-product GEMM on AVX-512 from 16 rows up.  Cover token counts on
+ * both sides of that and of its 12-token micro-tile, weight-row panels of
+ * 32 with tails (and 3 threads splitting them), column panels of 192 with
+ * odd and even tails (the 16-bit types pack two columns per gather), and
+ * ld != width on both sides (s_check_matmul pads x and y rows). */
+Test (kcpu, matmul_float_many_tokens, .timeout = 300)
+{
+    static const struct s_shape sh[] = {
+        { 1, 5, 16 }, { 2, 96, 16 }, { 17, 3, 20 }, { 64, 65, 48 }, { 385, 70, 31 },
+        { 200, 33, 512 }, { 193, 37, 24 },
+    };
+    static const int ft[] = { RX_F16, RX_F32, RX_BF16 };
+    const char *cf[] = { "avx512", "avx2", "scalar" };
+    for (size_t ci = 0; ci < 3; ci++) {
+        if (!s_isa_ok (cf[ci])) continue;
+        for (int th = 1; th <= 3; th += 2) {
+            void *be = s_create (cf[ci], th);
+            char tag[64];
+            snprintf (tag, sizeof tag, "isa=%s threads=%d", cf[ci], th);
+            for (size_t ti = 0; ti < 3; ti++) {
+                for (size_t si = 0; si < sizeof sh / sizeof sh[0]; si++)
+                    s_check_matmul (be, tag, ft[ti], &sh[si], 1, (int) (si % 2));
+                /* n = 1..17 over two column panels with an odd tail */
+                if (ci == 0 || ti == 0)
+                    for (size_t n = 1; n <= 17; n++) {
+                        const struct s_shape s = { 193, 37, n };
+                        s_check_matmul (be, tag, ft[ti], &s, 1, (int) (n % 2));
+                    }
+                s_check_matmul (be, tag, ft[ti], &sh[3], 3, 1);   /* 3-D expert weights */
+            }
+            K->destroy (be);
+        }
+    }
+}
+
+/* Small activations are quantized once and reused by the next matmuls of
+ * equal rows (Q/K/V, gate/up): a result must never depend on what ran
+ * before.  Each product is checked against a fresh instance (empty cache):
+ * the same x for two weights and two dtypes, x changed in place at its
+ * last element (same pointer), the same rows at another ldx, another n. */
+Test (kcpu, matmul_quantized_activation_reuse)
+{
+    const size_t in = 96, out = 21, n = 3, ldx = 100;
+    const int dt[] = { RX_Q4_0, RX_Q4_0, RX_Q8_0, RX_Q4_1, RX_Q4_0 };
+    uint8_t *wd[5];
+    float *x = s_randv (n * ldx, 1.f), *x2 = s_randv (n * 200, 1.f);
+    for (int i = 0; i < 5; i++) wd[i] = s_rand_weights (dt[i], in, out);
+    for (size_t ci = 0; ci < S_NCFG; ci++) {
+        if (!s_isa_ok (s_cfgs[ci].isa)) continue;
+        void *be = s_create_x (s_cfgs[ci].isa, 2, s_cfgs[ci].extra);
+        rx_kweight_t *kw[5];
+        for (int i = 0; i < 5; i++) kw[i] = s_weight (be, dt[i], wd[i], in, out, 1);
+        for (int step = 0; step < 9; step++) {
+            const int wi = step % 5;
+            const float *xs = x;
+            size_t lds = ldx, ns = n;
+            if (step == 5) x[(n - 1) * ldx + in - 1] += 0.75f;   /* in place, last element */
+            if (step == 6 || step == 7) {                        /* same rows, other ldx */
+                for (size_t t = 0; t < n; t++) memcpy (x2 + t * 200, x + t * ldx, in * sizeof (float));
+                xs = x2;
+                lds = 200;
+            }
+            if (step == 8) ns = 2;
+            float y[3 * 21], yr[3 * 21];
+            struct rx_err err = { 0 };
+            cr_assert_eq (K->matmul (be, NULL, kw[wi], -1, xs, lds, y, out, ns, 0, &err), RX_OK, "%s", err.msg);
+            void *fresh = s_create_x (s_cfgs[ci].isa, 1, s_cfgs[ci].extra);
+            rx_kweight_t *fw = s_weight (fresh, dt[wi], wd[wi], in, out, 1);
+            cr_assert_eq (K->matmul (fresh, NULL, fw, -1, xs, lds, yr, out, ns, 0, &err), RX_OK, "%s", err.msg);
+            for (size_t i = 0; i < ns * out; i++)
+                cr_assert_eq (y[i], yr[i], "%s step %d [%zu]: %.9g, fresh instance %.9g",
+                              s_cfgs[ci].isa, step, i, (double) y[i], (double) yr[i]);
+            K->weight_free (fresh, fw);
+            K->destroy (fresh);
+        }
+        for (int i = 0; i < 5; i++) K->weight_free (be, kw[i]);
+        K->destroy (be);
+    }
+    for (int i = 0; i < 5; i++) free (wd[i]);
+    free (x);
+    free (x2);
+}
+
 Test (kcpu, matmul_errors)
 {
     void *be = s_create ("auto", 2);
@@ -1211,6 +1295,11 @@ Test (kcpu, attention_paged_gqa, .timeout = 120)
             s_check_attention (be, tag, RX_F32, 8, 1, 64, 64, 0, 0.f);    /* MQA */
             s_check_attention (be, tag, RX_F16, 6, 2, 32, 24, 0, 0.f);    /* f16 pool */
             s_check_attention (be, tag, RX_F32, 2, 1, 16, 16, 4, 30.f);   /* window, softcap */
+            /* head sizes off the 16-lane grid, value rows over 64 (the
+             * AVX-512 block primitives work 64 outputs at a time) */
+            s_check_attention (be, tag, RX_F16, 4, 2, 20, 100, 0, 0.f);
+            s_check_attention (be, tag, RX_F32, 3, 1, 72, 130, 0, 0.f);
+            s_check_attention (be, tag, RX_F16, 2, 1, 128, 16, 0, 0.f);
             K->destroy (be);
         }
     }
