@@ -41,7 +41,8 @@ struct rx_engine {
     rx_plugin_t *comm_p;
     const struct rx_comm_ops *C;
     void *comm;
-    int tp_agreed;                /* the ranks exchanged their KV pool sizes */
+    int tp_agreed;                /* the ranks exchanged their KV pool sizes (max_tokens with DP attention) */
+    int dp_attention;             /* opts.dp_attention */
 
     int64_t n_slots;
     int32_t max_tokens;
@@ -490,6 +491,7 @@ rx_engine_t *rx_engine_new (struct rx_boot *b, const struct rx_engine_opts *o, s
     /* The tensor-parallel group: joined before the model, which reduces
      * through it. */
     e->tp_size = 1;
+    e->dp_attention = o && o->dp_attention;
     if (o && o->tp_size > 1 && (rc = s_comm_open (e, b, o, err)) != RX_OK) goto fail;
 
     /* The model. */
@@ -506,6 +508,7 @@ rx_engine_t *rx_engine_new (struct rx_boot *b, const struct rx_engine_opts *o, s
         .moe = e->moe_p ? rx_plugin_ops (e->moe_p) : NULL,
         .moe_host = e->moe_p ? rx_plugin_host (e->moe_p) : NULL,
         .moe_max_tokens = (int32_t) rx_conf_int (b->conf, "moe", "max_tokens_per_rank", 0),
+        .dp_attn = e->dp_attention && e->tp_size > 1,
     };
     if ((rc = e->M->create (rx_plugin_host (e->model_p), &e->src, &env, &e->model, err)) != RX_OK) {
         e->model = NULL;
@@ -523,7 +526,7 @@ rx_engine_t *rx_engine_new (struct rx_boot *b, const struct rx_engine_opts *o, s
     int64_t ctx = e->info.n_ctx_train > 0 ? e->info.n_ctx_train : 4096;
     e->n_slots = o && o->n_slots > 0 ? o->n_slots : (ctx < 4096 ? ctx : 4096);
     if (o && o->kv_bytes && (rc = s_kv_slots (e, o, ctx, err)) != RX_OK) goto fail;
-    if (e->tp_size > 1) {
+    if (e->tp_size > 1 && !e->dp_attention) {
         /* Every rank must end with the same pool (the peer schedulers size
          * their caches from it), but KV bytes per token differ between
          * ranks when the heads split unevenly: take the smallest.  A rank
@@ -548,12 +551,30 @@ rx_engine_t *rx_engine_new (struct rx_boot *b, const struct rx_engine_opts *o, s
     } else
         e->max_tokens = o && o->max_tokens > 0 ? o->max_tokens
                         : (int32_t) (e->n_slots < 512 ? e->n_slots : 512);
+    if (e->tp_size > 1 && e->dp_attention) {
+        /* DP attention: each rank keeps its own KV pool (its own
+         * scheduler), but the FFN runs over the rows of every rank, so all
+         * must reserve the same step size: the smallest.  -1 = a rank that
+         * failed (see fail:). */
+        int64_t mt = e->max_tokens;
+        e->tp_agreed = 1;
+        if ((rc = s_comm_min_i64 (e, &mt, err)) != RX_OK) goto fail;
+        if (mt < 0) {
+            rc = rx_err_set (err, RX_EIO, "engine: dp attention rank %d: another rank of the group failed to load %s (see its log)",
+                             e->tp_rank, rx_gguf_path (e->gguf));
+            goto fail;
+        }
+        if (mt != e->max_tokens)
+            rx_log (RX_LOG_DEBUG, "engine: dp attention rank %d: max_tokens %lld (the group's smallest; this rank asked for %d)",
+                    e->tp_rank, (long long) mt, e->max_tokens);
+        e->max_tokens = (int32_t) mt;
+    }
     if ((rc = e->M->reserve (e->model, (uint64_t) e->n_slots, e->max_tokens, err)) != RX_OK) goto fail;
 
     char tp[96] = "";
     if (e->tp_size > 1)
-        snprintf (tp, sizeof tp, ", tp %d (rank %d, comm %s)", e->tp_size, e->tp_rank,
-                  rx_plugin_desc (e->comm_p)->name);
+        snprintf (tp, sizeof tp, ", %s %d (rank %d, comm %s)", e->dp_attention ? "dp attention" : "tp",
+                  e->tp_size, e->tp_rank, rx_plugin_desc (e->comm_p)->name);
     snprintf (e->desc, sizeof e->desc, "%s: model-%s (%s), kernels-%s [%s], attn-%s, KV %lld slots x %llu B%s",
               rx_gguf_path (e->gguf), rx_plugin_desc (e->model_p)->name, e->arch,
               rx_plugin_desc (e->kern_p)->name, ki.device, rx_plugin_desc (e->attn_p)->name,
@@ -599,6 +620,7 @@ int32_t rx_engine_max_tokens (const rx_engine_t *e) { return e->max_tokens; }
 const char *rx_engine_describe (const rx_engine_t *e) { return e->desc; }
 int32_t rx_engine_tp_rank (const rx_engine_t *e) { return e->tp_rank; }
 int32_t rx_engine_tp_size (const rx_engine_t *e) { return e->tp_size; }
+int rx_engine_dp_attention (const rx_engine_t *e) { return e->dp_attention; }
 
 /* ----------------------------------------------------------- sequences -- */
 
@@ -765,4 +787,13 @@ int rx_engine_forward (rx_engine_t *e, const struct rx_model_batch *b, float *lo
                              (size_t) n_out * (size_t) e->info.n_vocab * sizeof (float), err);
     if (rc == RX_OK) rc = e->K->synchronize (e->be, NULL, err);
     return rc;
+}
+
+int rx_engine_idle (rx_engine_t *e, struct rx_err *err)
+{
+    if (!e->dp_attention)
+        return rx_err_set (err, RX_EINVAL, "engine: idle step without DP attention (opts.dp_attention)");
+    if (e->tp_size == 1) return RX_OK;   /* nobody to keep in step */
+    struct rx_model_batch mb = { .struct_size = sizeof mb, .n_tokens = 0, .n_seq = 0, .n_out = 0 };
+    return rx_engine_forward (e, &mb, NULL, err);
 }

@@ -56,6 +56,16 @@ struct rx_engine_opts {
     const char *comm_group;     /* unique group name for the comm plugin (rx_comm_params.group) */
     const char *comm_bootstrap; /* ZMQ endpoint for the comm plugin's set-up (rx_comm_params.bootstrap) */
     double      comm_timeout_s; /* collective timeout; 0: 60 */
+    /* DP attention ([parallel] dp_attention): with tp_size = N > 1 the
+     * group is a DP-attention group instead: each rank runs its OWN steps
+     * (its own sequences, its own KV pool, not agreed with the others) and
+     * gets the logits of its own rows; the model splits only its dense FFN
+     * over the ranks and gathers/scatters every rank's rows around it.
+     * The ranks must step in lockstep: in each step of the group every
+     * rank makes exactly one rx_engine_step / rx_engine_forward, or
+     * rx_engine_idle when it has nothing to run.  rx_engine_new agrees on
+     * max_tokens (the smallest of the ranks) instead of the KV pool. */
+    int32_t     dp_attention;
 };
 
 /* The smallest KV pool kv_bytes may give (tokens). */
@@ -82,11 +92,15 @@ const struct rx_model_info *rx_engine_info (const rx_engine_t *e);
 const rx_gguf_t *rx_engine_gguf (const rx_engine_t *e);
 int64_t rx_engine_n_slots (const rx_engine_t *e);
 int32_t rx_engine_max_tokens (const rx_engine_t *e);
-/* Tensor-parallel rank and size (0 and 1 without tensor parallelism). */
+/* Tensor-parallel rank and size (0 and 1 without tensor parallelism); with
+ * DP attention the rank and size of the DP-attention group. */
 int32_t rx_engine_tp_rank (const rx_engine_t *e);
 int32_t rx_engine_tp_size (const rx_engine_t *e);
+/* 1 when the engine was made with opts.dp_attention. */
+int rx_engine_dp_attention (const rx_engine_t *e);
 /* "model-llama (llama) on kernels-cpu [device], attn-mha" (and "tp 2
- * (rank 0, comm shm)" with tensor parallelism): for logs. */
+ * (rank 0, comm shm)" with tensor parallelism, "dp attention 2 (rank 0,
+ * comm shm)" with DP attention): for logs. */
 const char *rx_engine_describe (const rx_engine_t *e);
 
 /* A sequence with room for `capacity` tokens of KV (contiguous slots).
@@ -132,5 +146,11 @@ int rx_engine_step (rx_engine_t *e, const struct rx_engine_req *reqs, int32_t n_
  * errors are the model plugin's one-line messages. */
 int rx_engine_forward (rx_engine_t *e, const struct rx_model_batch *b, float *logits,
                        struct rx_err *err);
+
+/* DP attention: this rank's step when it has no work -- one forward of
+ * zero tokens, which still takes part in every layer's collectives so the
+ * ranks that do have work never wait for it.  A no-op with a group of one.
+ * RX_EINVAL without opts.dp_attention. */
+int rx_engine_idle (rx_engine_t *e, struct rx_err *err);
 
 #endif

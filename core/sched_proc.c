@@ -30,6 +30,8 @@
 #define S_MAX_MSGS     256   /* messages taken per iteration before the next step */
 #define S_STALL_WAIT_MS 10   /* block this long when a step found nothing to run */
 #define S_SYNC_MAGIC    0x434e5953u  /* "SYNC": the per-iteration broadcast */
+#define S_ATTN_WAIT_MS  10           /* the idle wait of a DP-attention rank: the group steps together */
+#define RX_DP_ATTN_MAX  256          /* most ranks of a DP-attention group ([parallel] tp_size cap) */
 #define S_SYNC_ABORT_ALL 1u          /* flag: the drain deadline passed on rank 0 */
 
 /* A request known to this rank, until all its siblings finished. */
@@ -56,6 +58,7 @@ struct s_proc {
     /* ranks */
     struct rx_sched_proc_opts o;
     rx_zgroup_t *zg;            /* the TP group's control group (tp_size > 1) */
+    rx_zgroup_t *ag;            /* the DP-attention group's control group (dp_attention) */
     uint8_t *pend;              /* rank 0: this iteration's raw messages, each u32 length + bytes */
     size_t pend_len, pend_cap;
     uint32_t n_pend;
@@ -288,13 +291,13 @@ static int s_step (struct s_proc *p)
         rx_sched_abort (p->sched, p->live[0].rid);
     }
     int rc = rx_sched_step (p->sched, &out, &err);
-    if (rc != RX_OK && p->zg) {
+    if (rc != RX_OK && (p->zg || p->ag)) {
         /* A failed step of a group (a collective timed out, a peer is
          * gone) cannot be retried in step with the others: stop now, and
          * tell the other ranks why so they do not wait out their timeout. */
-        rx_log (RX_LOG_ERROR, "scheduler: step failed on rank %d of %d; stopping: %s", p->o.tp_rank,
-                p->o.tp_size, err.msg);
-        rx_zgroup_abort (p->zg, &err);
+        rx_log (RX_LOG_ERROR, "scheduler: step failed on rank %d of %d; stopping: %s",
+                p->ag ? p->o.attn_rank : p->o.tp_rank, p->ag ? p->o.attn_size : p->o.tp_size, err.msg);
+        rx_zgroup_abort (p->zg ? p->zg : p->ag, &err);
         p->lost = 1;
     } else if (rc != RX_OK)
         rx_log (RX_LOG_ERROR, "scheduler: step failed, its requests are aborted: %s", err.msg);
@@ -392,7 +395,19 @@ static int s_start (struct s_proc *p, const struct rx_sched_proc_opts *o)
          * of a forward pass): a long prefill keeps the heartbeat fresh. */
         rx_host_set_progress_hook (s_progress_beat, p->hb);
     }
-    if (p->o.tp_size > 1) {
+    if (p->o.dp_attention) {
+        if (!o->ctl_endpoint || !o->comm_group || !o->comm_bootstrap || p->o.tp_size != 1
+            || p->o.attn_size < 2) {
+            rx_log (RX_LOG_ERROR, "scheduler: DP-attention rank %d of %d started without its group",
+                    p->o.attn_rank, p->o.attn_size);
+            return 1;
+        }
+        if (!(p->ag = rx_zgroup_new (o->ctl_endpoint, p->o.attn_rank, p->o.attn_size, p->o.comm_timeout_s,
+                                     &err))) {
+            rx_log (RX_LOG_ERROR, "scheduler: control group %s: %s", o->ctl_endpoint, err.msg);
+            return 1;
+        }
+    } else if (p->o.tp_size > 1) {
         if (!o->ctl_endpoint || !o->comm_group || !o->comm_bootstrap) {
             rx_log (RX_LOG_ERROR, "scheduler: rank %d of %d started without its group's endpoints",
                     p->o.tp_rank, p->o.tp_size);
@@ -412,8 +427,9 @@ static int s_start (struct s_proc *p, const struct rx_sched_proc_opts *o)
     int local = (int) rx_conf_int (p->boot->conf, "parallel", "nnodes", 1);
     local = p->o.tp_size * p->o.dp_size / (local > 0 ? local : 1);
     if (local > 1 && s_kv_is_share (p->boot->conf)) eo.kv_bytes /= (uint64_t) local;
-    eo.tp_rank = p->o.tp_rank;
-    eo.tp_size = p->o.tp_size;
+    eo.tp_rank = p->o.dp_attention ? p->o.attn_rank : p->o.tp_rank;
+    eo.tp_size = p->o.dp_attention ? p->o.attn_size : p->o.tp_size;
+    eo.dp_attention = p->o.dp_attention;
     eo.comm_group = o->comm_group;
     eo.comm_bootstrap = o->comm_bootstrap;
     eo.comm_timeout_s = p->o.comm_timeout_s;
@@ -567,6 +583,53 @@ static int s_sync (struct s_proc *p)
     return p->lost;
 }
 
+/* DP attention: one forward pass with no tokens, so that the model's
+ * collectives of a step where other ranks have work pair up. */
+static void s_idle_forward (struct s_proc *p)
+{
+    struct rx_err err = { 0 };
+    if (rx_engine_idle (p->engine, &err) == RX_OK) return;
+    rx_log (RX_LOG_ERROR, "scheduler: idle forward failed on rank %d of %d; stopping: %s", p->o.attn_rank,
+            p->o.attn_size, err.msg);
+    rx_zgroup_abort (p->ag, &err);
+    p->lost = 1;
+}
+
+/* DP attention, once per iteration on every rank of the group: all-gather
+ * who has work and who wants to stop; when anyone has work, every rank
+ * runs exactly one forward pass (its own batch, or an idle one).  A rank
+ * leaves only when every rank wants to (a SHUTDOWN reaches the ranks at
+ * different times, and a rank that left would hang the others' forward
+ * passes).  Returns 0 or 1 (a step ran here; *stalled: it ran nothing), 2
+ * when the whole group stops now, -1 when the group is lost. */
+static int s_attn_step (struct s_proc *p, int *stalled)
+{
+    struct rx_err err = { 0 };
+    int idle = rx_sched_idle (p->sched);
+    uint8_t busy = (uint8_t) (!idle | ((p->stop_now || p->draining) && idle ? 2 : 0)), *all = NULL;
+    size_t lens[RX_DP_ATTN_MAX];
+    if (rx_zgroup_allgather (p->ag, &busy, 1, (void **) &all, p->o.attn_size <= RX_DP_ATTN_MAX ? lens : NULL,
+                             -1, &err) != RX_OK) {
+        rx_log (RX_LOG_ERROR, "scheduler: lost the DP-attention group (rank %d of %d): %s", p->o.attn_rank,
+                p->o.attn_size, err.msg);
+        return -1;
+    }
+    int any = 0, stop = 1;
+    for (int r = 0; r < p->o.attn_size; r++) {
+        any |= all[r] & 1;
+        stop &= (all[r] & 2) != 0;
+    }
+    free (all);
+    *stalled = 0;
+    if (stop) return 2;
+    if (busy & 1) {
+        *stalled = !s_step (p);
+        if (!p->lost && p->last_kind == RX_SCHED_IDLE) s_idle_forward (p);
+    } else if (any)
+        s_idle_forward (p);
+    return p->lost ? -1 : busy & 1;
+}
+
 /* The serving loop; returns when a SHUTDOWN says so (0) or a peer is gone (1). */
 static int s_loop (struct s_proc *p)
 {
@@ -577,8 +640,9 @@ static int s_loop (struct s_proc *p)
             int wait = 0;
             if (rx_sched_idle (p->sched) || stalled) {
                 /* Never spin: a scheduler that cannot run anything now
-                 * waits for a message (an abort frees room) a little. */
-                int most = stalled ? S_STALL_WAIT_MS : S_IDLE_WAIT_MS;
+                 * waits for a message (an abort frees room) a little.  A
+                 * DP-attention rank waits less: its group steps together. */
+                int most = stalled ? S_STALL_WAIT_MS : p->ag ? S_ATTN_WAIT_MS : S_IDLE_WAIT_MS;
                 uint64_t left = p->next_stats_ns > now ? (p->next_stats_ns - now) / 1000000ull : 0;
                 wait = left < (uint64_t) most ? (int) left : most;
             }
@@ -597,6 +661,22 @@ static int s_loop (struct s_proc *p)
         int busy = !rx_sched_idle (p->sched);   /* identical on every rank */
         uint64_t t0 = s_now_ns ();
         if (s_sync (p)) return 1;
+        if (p->ag) {
+            /* A SHUTDOWN NOW aborts this rank's requests at once; the rank
+             * goes on stepping (idle) until the whole group stops. */
+            if (p->stop_now && !rx_sched_idle (p->sched)) {
+                int n = rx_sched_abort_all (p->sched);
+                if (n) rx_log (RX_LOG_INFO, "scheduler: %d requests aborted by the shutdown", n);
+            }
+            if (!rx_sched_idle (p->sched) && p->hb) {
+                rx_heartbeat_set_state (p->hb, p->draining ? RX_HB_DRAINING : RX_HB_BUSY);
+                rx_heartbeat_beat (p->hb);
+            }
+            int rc = s_attn_step (p, &stalled);
+            if (rc < 0) return 1;
+            if (rc == 2) return 0;
+            goto after_step;
+        }
         if (p->stop_now) return 0;
         uint64_t t1 = s_now_ns ();
 
@@ -618,8 +698,9 @@ static int s_loop (struct s_proc *p)
             }
         } else
             stalled = 0;
+    after_step:
         if (p->lost) return 1;
-        if (p->draining && rx_sched_idle (p->sched)) return 0;
+        if (!p->ag && p->draining && rx_sched_idle (p->sched)) return 0;
         if (!p->hb) continue;
 
         rx_heartbeat_set_state (p->hb, p->draining ? RX_HB_DRAINING
@@ -672,6 +753,7 @@ int rx_sched_proc_main (struct rx_boot *boot, const struct rx_sched_proc_opts *o
     rx_sched_destroy (&p.sched);
     rx_engine_destroy (&p.engine);
     rx_zgroup_destroy (&p.zg);
+    rx_zgroup_destroy (&p.ag);
     rx_host_set_progress_hook (NULL, NULL);
     rx_heartbeat_close (&p.hb);
     /* Closes the sockets: queued messages get the linger time to leave. */

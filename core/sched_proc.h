@@ -106,6 +106,13 @@ struct rx_sched_proc_opts {
     const char *comm_bootstrap;/* the comm plugin's set-up endpoint (tp_size > 1) */
     double comm_timeout_s;     /* [parallel] comm_timeout; 0 = 60 */
     int check_determinism;     /* [parallel] check_determinism */
+    /* DP attention (tp_size 1 here: this rank is a replica of its own):
+     * every iteration the attention group's ranks all-gather whether they
+     * have work; when any has, every rank runs exactly one forward pass --
+     * its batch, or an idle one (rx_engine_idle) -- so the model's
+     * collectives always pair up.  ctl_endpoint / comm_* name the group. */
+    int dp_attention;
+    int attn_rank, attn_size;
 };
 
 /* Body of the scheduler process (called in a forked child; the parent

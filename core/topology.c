@@ -27,9 +27,19 @@ int rx_topo_from_conf (const rx_conf_t *conf, struct rx_topo *t, struct rx_err *
     t->comm = rx_conf_str (conf, "parallel", "comm", "shm");
     t->comm_timeout_s = rx_conf_float (conf, "parallel", "comm_timeout", 60);
     t->check_determinism = rx_conf_bool (conf, "parallel", "check_determinism", 0);
+    t->dp_attention = rx_conf_bool (conf, "parallel", "dp_attention", 0);
     if (t->tp_size < 1 || t->dp_size < 1 || t->nnodes < 1)
         return s_bad (conf, "tp_size", err, "sizes must be at least 1");
     t->world = t->tp_size * t->dp_size;
+    if (t->dp_attention) {
+        if (t->tp_size != t->dp_size || t->tp_size < 2) {
+            char why[160];
+            snprintf (why, sizeof why, "needs tp_size = dp_size = the number of ranks (2 or more); "
+                      "tp_size is %d, dp_size %d", t->tp_size, t->dp_size);
+            return s_bad (conf, "dp_attention", err, why);
+        }
+        t->world = t->tp_size;
+    }
     if (t->node_rank >= t->nnodes) {
         char why[96];
         snprintf (why, sizeof why, "%d is not below nnodes = %d", t->node_rank, t->nnodes);
@@ -64,9 +74,46 @@ int rx_topo_from_conf (const rx_conf_t *conf, struct rx_topo *t, struct rx_err *
     return RX_OK;
 }
 
+/* DP attention: rank g is replica g (a TP group of one) for the DP
+ * controller, and rank g of the attention group. */
+static void s_attn_rank (const struct rx_topo *t, int g, const char *run_dir, struct rx_topo_rank *r)
+{
+    struct rx_sched_proc_opts *o = &r->o;
+    o->run_dir = run_dir;
+    o->stats_interval_ms = 1000;
+    o->tp_rank = 0;
+    o->tp_size = 1;
+    o->dp_rank = g;
+    o->dp_size = t->world;
+    o->comm_timeout_s = t->comm_timeout_s;
+    o->dp_attention = 1;
+    o->attn_rank = g;
+    o->attn_size = t->world;
+    snprintf (r->role, sizeof r->role, "sched.dp%d", g);
+    rx_dp_sched_sock (g, r->in_sock, sizeof r->in_sock);
+    o->in_sock = r->in_sock;
+    o->up_sock = RX_SOCK_DPC;
+    if (g > 0) {
+        snprintf (r->hb, sizeof r->hb, "%s.%d", RX_HB_SCHED, g);
+        o->hb_name = r->hb;
+    }
+    const char *base = strrchr (run_dir, '/');
+    base = base ? base + 1 : run_dir;
+    snprintf (r->ctl, sizeof r->ctl, "ipc://%s/ctl.attn", run_dir);
+    snprintf (r->comm_boot, sizeof r->comm_boot, "ipc://%s/comm.attn", run_dir);
+    snprintf (r->comm_group, sizeof r->comm_group, "%.60s.attn", base);
+    o->ctl_endpoint = r->ctl;
+    o->comm_bootstrap = r->comm_boot;
+    o->comm_group = r->comm_group;
+}
+
 void rx_topo_rank (const struct rx_topo *t, int g, const char *run_dir, struct rx_topo_rank *r)
 {
     memset (r, 0, sizeof *r);
+    if (t->dp_attention) {
+        s_attn_rank (t, g, run_dir, r);
+        return;
+    }
     int d = g / t->tp_size, k = g % t->tp_size;
     struct rx_sched_proc_opts *o = &r->o;
     o->run_dir = run_dir;

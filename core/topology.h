@@ -13,7 +13,14 @@
  * meets over tcp: the control group at host:port, the comm bootstrap at
  * host:port+1 -- rank 0 binds them, so host must be node 0's own address.
  *
- * What is refused (RX_ECONFIG, one line naming the key): tp_size or
+ * DP attention ([parallel] dp_attention, SGLang's --enable-dp-attention):
+ * tp_size = dp_size = N ranks in all (not N x N).  Each rank is a replica
+ * of its own for the DP controller (its own requests and KV) and all N are
+ * one group for the model: its control group ("ctl.attn") keeps them in
+ * step and its comm ("comm.attn") carries the FFN's gathers.
+ *
+ * What is refused (RX_ECONFIG, one line naming the key): dp_attention with
+ * tp_size != dp_size; tp_size or
  * dp_size that the ranks cannot be split by over nnodes; nnodes > 1 with
  * dp_size > 1 (one TP group across machines is what is supported); nnodes
  * > 1 without dist_init_addr, or with comm = shm (shared memory does not
@@ -33,6 +40,7 @@ struct rx_topo {
     const char *comm;            /* [parallel] comm (borrowed from the conf) */
     double comm_timeout_s;
     int check_determinism;
+    int dp_attention;            /* [parallel] dp_attention */
     char dist_host[256];         /* nnodes > 1 */
     int dist_port;
 };

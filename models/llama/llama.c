@@ -35,6 +35,21 @@
  * no gather is needed and all ranks sample the same tokens (the reduction
  * is bitwise identical on every rank).
  *
+ * DP attention (env->dp_attn, N = env->n_rank ranks): each rank runs its
+ * own batches and holds its own KV; attention (all heads, Wo whole) and the
+ * embeddings, norms and LM head run on the rank's own rows only.  The
+ * dense FFN is split as with tensor parallelism (FFN columns [f0, f1))
+ * and fed the rows of every rank: once per step the ranks all-gather their
+ * row counts (I32), and in every layer each all-gathers its normed rows
+ * padded to the largest count M (an [N*M][n_embd] block), runs its FFN
+ * slice over all of them, and reduce-scatters (SUM) the partial outputs so
+ * it gets the whole FFN output of its own M-row block, of which it adds
+ * its n rows to the residual.  A rank without work runs an idle forward
+ * (n_tokens 0) that only takes part in these collectives; when every rank
+ * is idle (M = 0) the layers are skipped on all of them alike.  The ranks
+ * must reserve the same max_tokens (the engine agrees on it).  MoE models
+ * are refused with DP attention for now.
+ *
  * Every computation is a kernel-backend op (radix/kernel.h); this file only
  * reads hyper-parameters, loads weight handles, checks the batch and keeps
  * buffers.  Scratch is sized once by reserve(): forward() allocates nothing
@@ -94,8 +109,12 @@ struct ll_model {
     void *moe;                                   /* dispatcher instance (reserve) */
     int32_t moe_chunk;                           /* its max_tokens: tokens per dispatch */
 
-    /* tensor parallelism */
+    /* tensor parallelism (or DP attention when dp_attn) */
     int32_t rank, n_rank;
+    int32_t dp_attn;                             /* env->dp_attn */
+    float *dp_g, *dp_d;                          /* DP: [N*T][n_embd] gathered rows, FFN partials */
+    int32_t *dp_cnt;                             /* DP: device [N] row counts of the ranks */
+    int32_t *dp_cnt_h;                           /* DP: host copy [N] (create) */
     const struct rx_comm_ops *comm;
     void *comm_inst;
     struct ll_split sp;
@@ -397,6 +416,8 @@ static void s_free_scratch (struct ll_model *m)
     m->x = m->h = m->q = m->kk = m->v = m->att = m->gate = m->up = m->hout = NULL;
     m->router = m->topw = NULL;
     m->topi = NULL;
+    m->dp_g = m->dp_d = NULL;
+    m->dp_cnt = NULL;
     m->max_tokens = 0;
     m->cap_slots = 0;
 }
@@ -414,6 +435,7 @@ static void s_destroy (void *p)
         m->host->free_ (m->host, m->copies[i]);
     if (m->copies) m->host->free_ (m->host, m->copies);
     if (m->layers) m->host->free_ (m->host, m->layers);
+    if (m->dp_cnt_h) m->host->free_ (m->host, m->dp_cnt_h);
     m->host->free_ (m->host, m);
 }
 
@@ -443,6 +465,10 @@ static int s_hparams (struct ll_model *m, const struct rx_model_src *src, struct
             return rx_err_set (err, RX_EFORMAT,
                                "%s: model-llama: bad mixture of experts: %s.expert_count %u (1 .. 4096), expert_used_count %u (1 .. expert_count), expert width %u",
                                src->path, m->arch, n_expert, n_used, n_ff_exp);
+        if (m->dp_attn)
+            return rx_err_set (err, RX_ENOTSUP,
+                               "%s: model-llama: mixture-of-experts model (%u experts) with DP attention (%d ranks) is not supported yet (only a dense FFN is split over the DP group): run it without dp_attention",
+                               src->path, n_expert, m->n_rank);
         if (m->n_rank > 1)
             return rx_err_set (err, RX_ENOTSUP,
                                "%s: model-llama: mixture-of-experts model (%u experts) with tensor parallelism (%d ranks) is not supported yet (expert parallelism comes later): run it with tp_size 1",
@@ -607,15 +633,23 @@ static int s_split (struct ll_model *m, const struct rx_model_src *src, struct r
     m->n_kv_head_all = m->n_kv_head;
     m->n_ff_all = m->n_ff;
     struct ll_split *sp = &m->sp;
-    if (N > m->n_kv_head)
+    if (m->dp_attn) {
+        /* DP attention: every head on every rank (the FFN split below). */
+        sp->kv0 = 0;
+        sp->kv1 = m->n_kv_head;
+        sp->q0 = 0;
+        sp->q1 = m->n_head;
+    } else if (N > m->n_kv_head)
         return rx_err_set (err, RX_ENOTSUP,
                            "%s: model-llama: tensor parallelism over %d ranks needs at least %d KV heads; the model has %d (%s.attention.head_count_kv)",
                            src->path, N, N, m->n_kv_head, m->arch);
-    const int32_t G = m->n_head / m->n_kv_head;
-    sp->kv0 = (int32_t) ((int64_t) r * m->n_kv_head / N);
-    sp->kv1 = (int32_t) ((int64_t) (r + 1) * m->n_kv_head / N);
-    sp->q0 = sp->kv0 * G;
-    sp->q1 = sp->kv1 * G;
+    if (!m->dp_attn) {
+        const int32_t G = m->n_head / m->n_kv_head;
+        sp->kv0 = (int32_t) ((int64_t) r * m->n_kv_head / N);
+        sp->kv1 = (int32_t) ((int64_t) (r + 1) * m->n_kv_head / N);
+        sp->q0 = sp->kv0 * G;
+        sp->q1 = sp->kv1 * G;
+    }
     /* FFN columns split on ffn_down's blocks (the largest block of any
      * layer: block sizes 1, 32, 256 divide each other), so that its
      * column slice can be packed. */
@@ -630,8 +664,8 @@ static int s_split (struct ll_model *m, const struct rx_model_src *src, struct r
     const int64_t nb = m->n_ff / (int64_t) blk;
     if (nb < N)
         return rx_err_set (err, RX_ENOTSUP,
-                           "%s: model-llama: tensor parallelism: n_ff %d in blocks of %zu (ffn_down) cannot be split over %d ranks",
-                           src->path, m->n_ff, blk, N);
+                           "%s: model-llama: %s: n_ff %d in blocks of %zu (ffn_down) cannot be split over %d ranks",
+                           src->path, m->dp_attn ? "DP attention" : "tensor parallelism", m->n_ff, blk, N);
     sp->f0 = (int32_t) ((int64_t) r * nb / N * (int64_t) blk);
     sp->f1 = r + 1 == N ? m->n_ff : (int32_t) ((int64_t) (r + 1) * nb / N * (int64_t) blk);
     m->n_head = sp->q1 - sp->q0;
@@ -677,6 +711,20 @@ static int s_create (const struct rx_host *host, const struct rx_model_src *src,
     memcpy (m->arch, arch, alen);
     m->rank = env->rank;
     m->n_rank = env->n_rank;
+    if (env->struct_size >= offsetof (struct rx_model_env, dp_attn) + sizeof env->dp_attn
+        && env->dp_attn && env->n_rank > 1) {
+        if (!env->comm->all_gather || !env->comm->reduce_scatter) {
+            s_destroy (m);
+            return rx_err_set (err, RX_EINVAL, "model-llama: create: DP attention rank %d of %d: the comm plugin lacks all_gather or reduce_scatter",
+                               env->rank, env->n_rank);
+        }
+        m->dp_attn = 1;
+        m->dp_cnt_h = s_zalloc (host, (size_t) env->n_rank * sizeof *m->dp_cnt_h);
+        if (!m->dp_cnt_h) {
+            s_destroy (m);
+            return rx_err_set (err, RX_ENOMEM, "model-llama: out of memory");
+        }
+    }
     if (m->n_rank > 1) {
         m->comm = env->comm;
         m->comm_inst = env->comm_inst;
@@ -706,8 +754,8 @@ static int s_create (const struct rx_host *host, const struct rx_model_src *src,
     }
     if (m->n_rank > 1)
         RX_HLOG (host, RX_LOG_DEBUG,
-                 "%s: tensor-parallel rank %d of %d: query heads %d..%d, KV heads %d..%d, FFN columns %d..%d",
-                 src->path, m->rank, m->n_rank, m->sp.q0, m->sp.q1 - 1, m->sp.kv0, m->sp.kv1 - 1,
+                 "%s: %s rank %d of %d: query heads %d..%d, KV heads %d..%d, FFN columns %d..%d",
+                 src->path, m->dp_attn ? "DP-attention" : "tensor-parallel", m->rank, m->n_rank, m->sp.q0, m->sp.q1 - 1, m->sp.kv0, m->sp.kv1 - 1,
                  m->sp.f0, m->sp.f1 - 1);
     RX_HLOG (host, RX_LOG_DEBUG,
              "%s: %s, %d layers, n_embd %d, n_ff %d, heads %d/%d, head dim %d, vocab %d, rope %s n_rot %d base %g scale %g, %s embeddings",
@@ -782,12 +830,17 @@ static int s_reserve (void *p, uint64_t n_slots, int32_t max_tokens, struct rx_e
 #define LL_R(n) (((n) + 15) & ~(size_t) 15)
     /* The MoE router logits, top-k weights and top-k ids (int32, same size
      * as a float) are empty for a dense model. */
-    size_t sizes[12] = { LL_R (T * m->n_embd), LL_R (T * m->n_embd), LL_R (T * qd), LL_R (T * kd),
-                         LL_R (T * vd), LL_R (T * od), LL_R (T * ff), LL_R (T * ff),
-                         LL_R (T * m->n_embd), LL_R (T * NE), LL_R (T * KU), LL_R (T * KU) };
+    /* DP attention: the FFN runs over the rows of every rank (N*T), in
+     * gate/up and the gathered/partial blocks dp_g, dp_d; dp_cnt holds the
+     * ranks' row counts (int32). */
+    const size_t DN = m->dp_attn ? (size_t) m->n_rank : 0, FT = DN ? DN * T : T;
+    size_t sizes[15] = { LL_R (T * m->n_embd), LL_R (T * m->n_embd), LL_R (T * qd), LL_R (T * kd),
+                         LL_R (T * vd), LL_R (T * od), LL_R (FT * ff), LL_R (FT * ff),
+                         LL_R (T * m->n_embd), LL_R (T * NE), LL_R (T * KU), LL_R (T * KU),
+                         LL_R (DN * T * m->n_embd), LL_R (DN * T * m->n_embd), LL_R (DN) };
 #undef LL_R
     size_t total = 0;
-    for (int i = 0; i < 12; i++) total += sizes[i];
+    for (int i = 0; i < 15; i++) total += sizes[i];
     void *mem;
     rc = m->k.ops->alloc (m->k.be, total * sizeof (float), 64, &mem, err);
     if (rc != RX_OK)
@@ -795,14 +848,24 @@ static int s_reserve (void *p, uint64_t n_slots, int32_t max_tokens, struct rx_e
                            (double) total * 4 / (1024.0 * 1024.0), max_tokens);
     m->f32_mem = mem;
     float *f = mem;
-    float *topi = NULL;
-    float **bufs[12] = { &m->x, &m->h, &m->q, &m->kk, &m->v, &m->att, &m->gate, &m->up, &m->hout,
-                         &m->router, &m->topw, &topi };
-    for (int i = 0; i < 12; i++) {
+    float *topi = NULL, *cnt = NULL;
+    float **bufs[15] = { &m->x, &m->h, &m->q, &m->kk, &m->v, &m->att, &m->gate, &m->up, &m->hout,
+                         &m->router, &m->topw, &topi, &m->dp_g, &m->dp_d, &cnt };
+    for (int i = 0; i < 15; i++) {
         *bufs[i] = f;
         f += sizes[i];
     }
     m->topi = (int32_t *) topi;
+    m->dp_cnt = (int32_t *) cnt;
+    if (m->dp_attn) {
+        /* The padding rows of a gathered block are never written by this
+         * rank: zero them once so no uninitialized (or NaN) value is read. */
+        rc = m->k.ops->memset_ (m->k.be, m->k.stream, mem, 0, total * sizeof (float), err);
+        if (rc != RX_OK) {
+            s_free_scratch (m);
+            return rc;
+        }
+    }
     m->max_tokens = max_tokens;
     if (m->n_expert > 0) {
         /* One dispatcher instance for every MoE layer (they share its
@@ -841,7 +904,15 @@ static int s_check_batch (const struct ll_model *m, const struct rx_model_batch 
     if (m->max_tokens == 0)
         return rx_err_set (err, RX_EINVAL, "model-llama: forward before reserve()");
     const int32_t n = b->n_tokens;
-    if (n <= 0 || n > m->max_tokens)
+    if (n == 0 && m->dp_attn) {
+        if (b->n_seq != 0 || b->n_out != 0)
+            return rx_err_set (err, RX_EINVAL, "model-llama: forward: an idle batch (0 tokens) with %d sequences and %d output rows (both must be 0)",
+                               b->n_seq, b->n_out);
+        return RX_OK;
+    }
+    if (n == 0)
+        return rx_err_set (err, RX_EINVAL, "model-llama: forward: 0 tokens (an idle batch needs DP attention)");
+    if (n < 0 || n > m->max_tokens)
         return rx_err_set (err, RX_EINVAL, "model-llama: forward: %d tokens (1 .. %d reserved)", n,
                            m->max_tokens);
     if (b->n_seq <= 0 || b->n_seq > n)
@@ -895,7 +966,7 @@ static int s_row_parallel (struct ll_model *m, const rx_kweight_t *w, const floa
 {
     const struct rx_kernels_ops *K = m->k.ops;
     const size_t E = (size_t) m->n_embd;
-    if (m->n_rank == 1)
+    if (m->n_rank == 1 || m->dp_attn)   /* DP attention: Wo is whole (w_down goes through s_dp_ffn) */
         return K->matmul (m->k.be, m->k.stream, w, -1, in, ld_in, m->x, E, nn, RX_MM_ACCUMULATE, err);
     LL_TRY (K->matmul (m->k.be, m->k.stream, w, -1, in, ld_in, m->hout, E, nn, 0, err));
     LL_TRY (m->comm->all_reduce (m->comm_inst, m->k.stream, m->hout, m->hout, nn * E, RX_F32,
@@ -944,10 +1015,78 @@ static int s_moe_ffn (struct ll_model *m, const struct ll_layer *L, size_t nn, s
     return RX_OK;
 }
 
+/* DP attention: all-gather the ranks' row counts (n = -1: this rank's
+ * batch was refused, so that every rank fails at once instead of waiting
+ * in the first layer's gather).  *M = the largest count. */
+static int s_dp_counts (struct ll_model *m, int32_t n, int32_t *M, struct rx_err *err)
+{
+    const struct rx_kernels_ops *K = m->k.ops;
+    const size_t N = (size_t) m->n_rank;
+    LL_TRY (K->copy_h2d (m->k.be, m->k.stream, m->dp_cnt + m->rank, &n, sizeof n, err));
+    LL_TRY (m->comm->all_gather (m->comm_inst, m->k.stream, m->dp_cnt + m->rank, m->dp_cnt, 1,
+                                 RX_I32, err));
+    LL_TRY (K->copy_d2h (m->k.be, m->k.stream, m->dp_cnt_h, m->dp_cnt, N * sizeof (int32_t), err));
+    /* The shapes of every later collective depend on the counts. */
+    LL_TRY (K->synchronize (m->k.be, m->k.stream, err));
+    int32_t mx = 0;
+    for (size_t r = 0; r < N; r++) {
+        if (m->dp_cnt_h[r] < 0 && (int32_t) r != m->rank)
+            return rx_err_set (err, RX_EIO, "model-llama: DP attention: rank %zu refused its batch (see its log); rank %d stops this step too",
+                               r, m->rank);
+        if (m->dp_cnt_h[r] > mx) mx = m->dp_cnt_h[r];
+    }
+    if (mx > m->max_tokens)
+        return rx_err_set (err, RX_EINVAL, "model-llama: DP attention: a rank has %d tokens, more than this rank's max_tokens %d (every rank must reserve the same)",
+                           mx, m->max_tokens);
+    *M = mx;
+    return RX_OK;
+}
+
+/* DP attention: x += FFN(rms_norm(x)) for this rank's n rows (n may be 0,
+ * an idle rank), the FFN columns split over the ranks: each rank's rows
+ * padded to M are gathered into dp_g ([N*M][E], this rank's block normed
+ * in place), this rank's FFN slice runs over all N*M rows into dp_d, and
+ * the reduce-scatter hands each rank the summed output of its own block. */
+static int s_dp_ffn (struct ll_model *m, const struct ll_layer *L, size_t n, size_t M,
+                     struct rx_err *err)
+{
+    const struct rx_kernels_ops *K = m->k.ops;
+    void *be = m->k.be;
+    rx_kstream_t *st = m->k.stream;
+    const size_t E = (size_t) m->n_embd, F = (size_t) m->n_ff, R = (size_t) m->n_rank * M;
+    float *mine = m->dp_g + (size_t) m->rank * M * E;
+    if (n > 0) LL_TRY (K->rms_norm (be, st, m->x, E, L->ffn_norm, mine, E, n, E, m->eps, err));
+    LL_TRY (m->comm->all_gather (m->comm_inst, st, mine, m->dp_g, M * E, RX_F32, err));
+    LL_TRY (K->matmul (be, st, L->w_gate, -1, m->dp_g, E, m->gate, F, R, 0, err));
+    LL_TRY (K->matmul (be, st, L->w_up, -1, m->dp_g, E, m->up, F, R, 0, err));
+    LL_TRY (K->swiglu (be, st, m->gate, F, m->up, F, m->gate, F, R, F, err));
+    LL_TRY (K->matmul (be, st, L->w_down, -1, m->gate, F, m->dp_d, E, R, 0, err));
+    LL_TRY (m->comm->reduce_scatter (m->comm_inst, st, m->dp_d, m->hout, M * E, RX_F32,
+                                     RX_COMM_SUM, err));
+    if (n > 0) LL_TRY (K->add (be, st, m->x, E, m->hout, E, m->x, E, n, E, err));
+    return RX_OK;
+}
+
 static int s_forward (void *p, const struct rx_model_batch *b, struct rx_err *err)
 {
     struct ll_model *m = p;
-    LL_TRY (s_check_batch (m, b, err));
+    int rc = s_check_batch (m, b, err);
+    int32_t M = 0;
+    if (m->dp_attn && m->max_tokens > 0) {
+        /* Every rank takes part in the count exchange, a refused batch
+         * included (as -1), so the group fails together. */
+        struct rx_err e2 = { 0 };
+        int rc2 = s_dp_counts (m, rc == RX_OK && b ? b->n_tokens : -1, &M, rc == RX_OK ? err : &e2);
+        if (rc == RX_OK) rc = rc2;
+    }
+    if (rc != RX_OK) return rc;
+    if (b->n_tokens == 0) {
+        /* Idle (DP attention): only the FFN collectives of every layer, and
+         * none at all when every rank is idle. */
+        for (int32_t l = 0; l < m->n_layer && M > 0; l++)
+            LL_TRY (s_dp_ffn (m, &m->layers[l], 0, (size_t) M, err));
+        return RX_OK;
+    }
     const struct rx_kernels_ops *K = m->k.ops;
     void *be = m->k.be;
     rx_kstream_t *st = m->k.stream;
@@ -1006,6 +1145,11 @@ static int s_forward (void *p, const struct rx_model_batch *b, struct rx_err *er
         };
         LL_TRY (m->attn_ops->forward (m->attn, l, &ab, d_new, &io, err));
         LL_TRY (s_row_parallel (m, L->wo, m->att, od, nn, err));
+        if (m->dp_attn) {
+            LL_TRY (s_dp_ffn (m, L, nn, (size_t) M, err));
+            if (RX_HAS (struct rx_host, m->host, progress)) m->host->progress (m->host);
+            continue;
+        }
         LL_TRY (K->rms_norm (be, st, m->x, E, L->ffn_norm, m->h, E, nn, E, m->eps, err));
         if (L->gate_exps) {
             LL_TRY (s_moe_ffn (m, L, nn, err));

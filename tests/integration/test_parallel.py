@@ -13,6 +13,8 @@ ranks) and one kernel thread per rank:
   in flight end, nothing is left behind (processes, /dev/shm segments).
 - [parallel] check_determinism: a rank that diverges (RADIX_TEST_DIVERGE,
   the scheduler's test hook) stops the daemon; without it the check passes.
+- dp_attention with 2 ranks: the same outputs, one rank idle while the
+  other works does not hang, twice tp1's KV tokens.
 - configurations that cannot work are refused at once, with one line.
 
 Random-weight models have near ties: a different split of a reduction can
@@ -323,6 +325,36 @@ def test_dp2_tp2():
     dp_test("dp2tp2", 2)
 
 
+# ---- DP attention -------------------------------------------------------------------
+
+
+@test
+def test_dp_attention_2_ranks():
+    # tp_size = dp_size = 2 with dp_attention: 2 ranks, each with its own
+    # requests and KV, the FFN split over both; the same outputs as tp1
+    d = Daemon("tiny", name="dpattn", sections=dict(sections(tp_size=2, dp_size=2, dp_attention="true",
+                                                             comm="shm"),
+                                                    dp={"policy": "round_robin"})).start().wait_healthy()
+    try:
+        roles = sched_roles(d)
+        eq(sorted(roles.values()), ["sched.dp0", "sched.dp1"], "DP-attention rank processes")
+        # one request at a time: one rank works while the other runs idle
+        # steps -- it must neither hang nor disturb the busy one
+        for p in PROMPTS[:4]:
+            same_ids(p, generate(d, p)[0], "dp-attention /generate")
+        concurrent(d, 8, "dp-attention")
+        kv1 = stats(REF)["kv_total_tokens"]
+        st = stats(d)
+        diag("KV tokens: tp1 %s, dp-attention 2 ranks %s (each rank holds all heads of its own requests)"
+             % (kv1, st.get("kv_total_tokens")))
+        eq(st.get("kv_total_tokens"), 2 * kv1, "dp-attention KV tokens (two ranks of tp1's)")
+        clean_stop(d, "dp-attention")
+        per = dispatched(d)
+        expect(min(per) >= 1, "dp-attention: dispatched %s: both ranks must serve" % per)
+    finally:
+        d.close()
+
+
 # ---- a rank dies ------------------------------------------------------------------
 
 
@@ -472,6 +504,13 @@ def test_refused_nnodes_without_dist_init_addr():
 def test_refused_dp_across_nodes():
     ln = refused("dp+nnodes", {"nnodes": 2, "tp_size": 2, "dp_size": 2, "comm": "zmq",
                                "dist_init_addr": "127.0.0.1:29500"}, r"\[parallel\] (nnodes|dp_size)")
+    expect("radixd.ini" in ln, "the error names no file: %s" % ln)
+
+
+@test
+def test_refused_dp_attention_without_dp_size():
+    ln = refused("dpattn-sizes", {"tp_size": 2, "dp_attention": "true", "comm": "shm"},
+                 r"\[parallel\] dp_attention")
     expect("radixd.ini" in ln, "the error names no file: %s" % ln)
 
 

@@ -18,6 +18,11 @@
  * errors: 3 ranks over 2 KV heads, an attn_output slice off the quant
  * blocks, an unknown comm plugin, a bad rank, a missing group, a peer that
  * never comes.
+ * DP attention (dp_attention, 2 and 3 ranks, F16 and Q8_0): rank r runs
+ * its own prompt (different lengths), then rank 0 runs one more while the
+ * others call rx_engine_idle; every rank's logits and greedy tokens equal
+ * tp 1's for its prompt.  Plus: MoE refused, a refused batch fails both
+ * ranks at once, rx_engine_idle without DP attention.
  *
  * No Criterion .timeout here (see test_models_ref.c); the ranks have the
  * comm timeout and the parent kills them after S_DEADLINE seconds. */
@@ -49,6 +54,11 @@ struct tp_job {
     const char *comm;           /* NULL: [parallel] comm (default shm) */
     const char *group;
     double timeout_s;
+    /* DP attention (s_run_dp): rank r runs prompt[r], then rank 0 runs
+     * prompt[size % n_prompts] while the other ranks run idle steps. */
+    int dp;
+    int32_t dp_idle_only;       /* 1: rx_engine_idle without dp_attention (an error) */
+    int32_t dp_bad;             /* 1: rank 1's first step has a token out of the vocabulary */
 };
 
 /* What one rank reports (a file header, then the logits rows). */
@@ -62,6 +72,7 @@ struct tp_head {
     int32_t tp_rank, tp_size;
     int32_t n_rows;             /* rows of logits that follow */
     int32_t gen[S_MAX_PROMPTS][S_N_GEN];
+    uint64_t weight_bytes;      /* rx_model_info.weight_bytes */
 };
 
 struct tp_out {
@@ -76,11 +87,17 @@ static int32_t s_rows (const struct tp_job *j)
     return n;
 }
 
+static void s_run_dp (const struct tp_job *j, int32_t rank, int32_t size, struct tp_out *out);
+
 /* Run job as rank/size (size 0: no TP); fills out (out->h.rc != 0 on an
  * error, with the message).  Plain C, no Criterion asserts: it runs inside
  * forked ranks too. */
 static void s_run (const struct tp_job *j, int32_t rank, int32_t size, struct tp_out *out)
 {
+    if (j->dp) {
+        s_run_dp (j, rank, size, out);
+        return;
+    }
     memset (out, 0, sizeof *out);
     struct rx_boot b;
     struct rx_err err = { 0 };
@@ -109,6 +126,7 @@ static void s_run (const struct tp_job *j, int32_t rank, int32_t size, struct tp
     out->h.n_head = mi->n_head;
     out->h.n_kv_head = mi->n_kv_head;
     out->h.kv_bytes_per_token = mi->kv_bytes_per_token;
+    out->h.weight_bytes = mi->weight_bytes;
     out->h.n_slots = rx_engine_n_slots (e);
     out->h.tp_rank = rx_engine_tp_rank (e);
     out->h.tp_size = rx_engine_tp_size (e);
@@ -185,6 +203,8 @@ static void s_run_ranks (const struct tp_job *j, int32_t size, struct tp_out *ou
                       || (o.logits && s_write_all (fd, o.logits, (size_t) o.h.n_rows * (size_t) o.h.n_vocab
                                                                  * sizeof (float)) != 0);
             if (fd >= 0) close (fd);
+            free (path);
+            s_out_free (&o);
             _exit (bad ? 3 : 0);
         }
     }
@@ -581,5 +601,296 @@ Test (tp, missing_peer_times_out)
     cr_assert (time (NULL) - t0 < 20, "took %lds", (long) (time (NULL) - t0));
     cr_assert (o.h.msg[0], "no message");
     s_out_free (&o);
+    free (gguf);
+}
+
+/* ---- DP attention ---- */
+
+/* One prompt on e: prefill (logits of every row) and n_gen greedy decode
+ * steps, the logits rows into *row (advanced), the tokens into gen.  Each
+ * call of rx_engine_step is one step of the DP group; *steps counts them. */
+static int s_dp_prompt (rx_engine_t *e, const int32_t *ids, int32_t n, int32_t n_gen, float **row,
+                        int32_t *gen, int32_t *steps, struct rx_err *err)
+{
+    const size_t V = (size_t) rx_engine_info (e)->n_vocab;
+    int seq = rx_engine_seq_new (e, n + n_gen, err);
+    if (seq < 0) return seq;
+    struct rx_engine_req r = { seq, n, ids, 1 };
+    int rc = rx_engine_step (e, &r, 1, *row, err);
+    (*steps)++;
+    *row += (size_t) n * V;
+    for (int32_t g = 0; g < n_gen && rc == RX_OK; g++) {
+        int32_t tok = rx_argmax (*row - V, (int32_t) V);
+        gen[g] = tok;
+        struct rx_engine_req d = { seq, 1, &tok, 1 };
+        rc = rx_engine_step (e, &d, 1, *row, err);
+        (*steps)++;
+        *row += V;
+    }
+    rx_engine_seq_free (e, seq);
+    return rc;
+}
+
+/* A DP-attention rank: phase 1, rank r runs prompt[r] (all ranks busy,
+ * different lengths); phase 2, rank 0 runs prompt[size % n_prompts] while
+ * the others call rx_engine_idle once per step of rank 0.  Rank 0 reports
+ * rows of both prompts (gen[0], gen[1]), the others phase 1's. */
+static void s_run_dp (const struct tp_job *j, int32_t rank, int32_t size, struct tp_out *out)
+{
+    memset (out, 0, sizeof *out);
+    struct rx_boot b;
+    struct rx_err err = { 0 };
+    setenv ("RADIX_PLUGIN_PATH", tu_env ("RX_PLUGIN_BUILD_DIR"), 1);
+    int rc = rx_boot_open (&b, NULL, 0, &err);
+    if (rc == RX_OK) rc = rx_conf_set (b.conf, "kernels", "threads", "1", &err);
+    if (rc != RX_OK) {
+        out->h.rc = rc;
+        snprintf (out->h.msg, sizeof out->h.msg, "%s", err.msg);
+        return;
+    }
+    struct rx_engine_opts o = {
+        .model_path = j->gguf, .n_slots = 1024, .max_tokens = 128, .tp_rank = rank,
+        .tp_size = size, .comm = j->comm, .comm_group = j->group, .comm_timeout_s = j->timeout_s,
+        .dp_attention = !j->dp_idle_only,
+    };
+    rx_engine_t *e = rx_engine_new (&b, &o, &err);
+    if (!e) {
+        out->h.rc = err.code ? err.code : RX_EINTERNAL;
+        snprintf (out->h.msg, sizeof out->h.msg, "%s", err.msg);
+        rx_boot_close (&b);
+        return;
+    }
+    const struct rx_model_info *mi = rx_engine_info (e);
+    out->h.n_vocab = mi->n_vocab;
+    out->h.n_head = mi->n_head;
+    out->h.n_kv_head = mi->n_kv_head;
+    out->h.kv_bytes_per_token = mi->kv_bytes_per_token;
+    out->h.weight_bytes = mi->weight_bytes;
+    out->h.n_slots = rx_engine_n_slots (e);
+    out->h.tp_rank = rx_engine_tp_rank (e);
+    out->h.tp_size = rx_engine_tp_size (e);
+    snprintf (out->h.desc, sizeof out->h.desc, "%s", rx_engine_describe (e));
+    if (j->dp_idle_only) {
+        rc = rx_engine_idle (e, &err);
+        out->h.rc = rc;
+        snprintf (out->h.msg, sizeof out->h.msg, "%s", err.msg);
+        rx_engine_destroy (&e);
+        rx_boot_close (&b);
+        return;
+    }
+    const size_t V = (size_t) mi->n_vocab;
+    const int32_t p1 = rank % j->n_prompts, p2 = size % j->n_prompts;
+    int32_t rows = j->n_prompt[p1] + j->n_gen + (rank == 0 ? j->n_prompt[p2] + j->n_gen : 0);
+    out->h.n_rows = rows;
+    out->logits = calloc ((size_t) rows * V, sizeof (float));
+    float *row = out->logits;
+    int32_t steps = 0;
+    if (j->dp_bad && rank == 1) {
+        int32_t bad[2] = { 1, mi->n_vocab };
+        rc = s_dp_prompt (e, bad, 2, j->n_gen, &row, out->h.gen[0], &steps, &err);
+        out->h.rc = rc;
+        snprintf (out->h.msg, sizeof out->h.msg, "%s", err.msg);
+        s_out_free (out);
+        out->h.n_rows = 0;
+        rx_engine_destroy (&e);
+        rx_boot_close (&b);
+        return;
+    }
+    rc = s_dp_prompt (e, j->prompt[p1], j->n_prompt[p1], j->n_gen, &row, out->h.gen[0], &steps, &err);
+    /* Phase 1 has the same number of steps on every rank (1 + n_gen). */
+    if (rc == RX_OK && rank == 0)
+        rc = s_dp_prompt (e, j->prompt[p2], j->n_prompt[p2], j->n_gen, &row, out->h.gen[1], &steps, &err);
+    else
+        for (int32_t s = 0; s < 1 + j->n_gen && rc == RX_OK; s++) rc = rx_engine_idle (e, &err);
+    /* Everybody idle: no collective at all, and nothing hangs. */
+    if (rc == RX_OK) rc = rx_engine_idle (e, &err);
+    if (rc != RX_OK) {
+        out->h.rc = rc;
+        snprintf (out->h.msg, sizeof out->h.msg, "%s", err.msg);
+        s_out_free (out);   /* a failed rank reports no rows */
+        out->h.n_rows = 0;
+    }
+    rx_engine_destroy (&e);
+    rx_boot_close (&b);
+}
+
+/* Compare `n` rows of dp logits (prompt p) with tp 1's: greedy tokens equal
+ * up to a near tie (top-2 gap below gap_tol), logits within tol. */
+static void s_dp_check (const char *what, const struct tp_job *j, int32_t p, const float *dp,
+                        const int32_t *dp_gen, const struct tp_out *one, double tol, double gap_tol)
+{
+    const size_t V = (size_t) one->h.n_vocab;
+    size_t base = 0;
+    for (int32_t q = 0; q < p; q++) base += (size_t) (j->n_prompt[q] + j->n_gen);
+    const float *ref = one->logits + base * V;
+    int32_t g = 0;
+    for (; g < j->n_gen; g++) {
+        if (dp_gen[g] == one->h.gen[p][g]) continue;
+        const float *r = ref + (size_t) (j->n_prompt[p] - 1 + g) * V;
+        float top = r[one->h.gen[p][g]], second = -INFINITY;
+        for (size_t i = 0; i < V; i++)
+            if ((int32_t) i != one->h.gen[p][g] && r[i] > second) second = r[i];
+        cr_assert ((double) top - (double) second < gap_tol,
+                   "%s: prompt %d: greedy token %d is %d with DP attention, %d with tp 1 (top-2 gap %.3g)",
+                   what, p, g, dp_gen[g], one->h.gen[p][g], (double) (top - second));
+        break;
+    }
+    const size_t nrows = (size_t) (j->n_prompt[p] + g);
+    double maxd = 0;
+    for (size_t i = 0; i < nrows * V; i++) {
+        double d = fabs ((double) dp[i] - (double) ref[i]);
+        if (!(d <= maxd)) maxd = d;
+    }
+    cr_assert (maxd <= tol, "%s: prompt %d: DP attention vs tp 1: max |logit diff| %.3g > %g", what, p,
+               maxd, tol);
+    fprintf (stderr, "test_tp: %s: prompt %d: DP attention vs tp 1: max |logit diff| %.3g over %zu rows (tol %g); %d of %d greedy tokens equal\n",
+             what, p, maxd, nrows, tol, g, j->n_gen);
+}
+
+static void s_dp (const char *model, int32_t size, double tol)
+{
+    struct ref_prompts rp;
+    char *gguf = s_ref_load (model, &rp);
+    cr_assert (rp.n >= 2);
+    struct tp_job j = { .gguf = gguf, .n_prompts = rp.n, .n_gen = S_N_GEN, .comm = "shm",
+                        .group = s_group ("dp"), .timeout_s = 60, .dp = 1 };
+    for (int32_t i = 0; i < rp.n; i++) {
+        j.prompt[i] = rp.ids[i];
+        j.n_prompt[i] = rp.len[i];
+    }
+    struct tp_out dp[4], one;
+    cr_assert (size <= 4);
+    time_t t0 = time (NULL);
+    s_run_ranks (&j, size, dp);
+    for (int32_t r = 0; r < size; r++)
+        cr_assert_eq (dp[r].h.rc, RX_OK, "%s: dp rank %d of %d: %s", model, r, size, dp[r].h.msg);
+    cr_assert (time (NULL) - t0 < 60, "%s: the DP ranks took %lds", model, (long) (time (NULL) - t0));
+    struct tp_job j1 = j;
+    j1.dp = 0;
+    s_run (&j1, 0, 0, &one);
+    cr_assert_eq (one.h.rc, RX_OK, "%s: tp 1: %s", model, one.h.msg);
+    /* The prompts of phase 1 have different lengths. */
+    cr_assert_neq (j.n_prompt[0], j.n_prompt[1]);
+    for (int32_t r = 0; r < size; r++) {
+        char want[64];
+        snprintf (want, sizeof want, "dp attention %d (rank %d, comm shm)", size, r);
+        cr_assert_not_null (strstr (dp[r].h.desc, want), "%s: describe: %s", model, dp[r].h.desc);
+        /* Every rank holds every head (and its own KV pool). */
+        cr_assert_eq (dp[r].h.n_head, one.h.n_head);
+        cr_assert_eq (dp[r].h.n_kv_head, one.h.n_kv_head);
+        cr_assert_eq (dp[r].h.kv_bytes_per_token, one.h.kv_bytes_per_token);
+        /* ... but only its share of the FFN. */
+        cr_assert_lt (dp[r].h.weight_bytes, one.h.weight_bytes, "%s: rank %d holds %llu weight bytes, tp 1 %llu",
+                      model, r, (unsigned long long) dp[r].h.weight_bytes,
+                      (unsigned long long) one.h.weight_bytes);
+        const int32_t p = r % j.n_prompts;
+        cr_assert_eq (dp[r].h.n_rows, j.n_prompt[p] + j.n_gen + (r == 0 ? j.n_prompt[size % j.n_prompts] + j.n_gen : 0));
+        char what[96];
+        snprintf (what, sizeof what, "%s dp %d rank %d", model, size, r);
+        s_dp_check (what, &j, p, dp[r].logits, dp[r].h.gen[0], &one, tol, 2 * tol);
+    }
+    /* Phase 2: rank 0 alone, the others idle. */
+    const int32_t p2 = size % j.n_prompts;
+    char what[96];
+    snprintf (what, sizeof what, "%s dp %d rank 0 (others idle)", model, size);
+    s_dp_check (what, &j, p2, dp[0].logits + (size_t) (j.n_prompt[0] + j.n_gen) * (size_t) one.h.n_vocab,
+                dp[0].h.gen[1], &one, tol, 2 * tol);
+    for (int32_t r = 0; r < size; r++) s_out_free (&dp[r]);
+    s_out_free (&one);
+    s_ref_free (&rp);
+    free (gguf);
+}
+
+Test (tp, dp_attention_f16) { s_dp ("tiny-llama", 2, 1e-3); }
+Test (tp, dp_attention_q8) { s_dp ("tiny-llama-q8", 2, 0.1); }
+/* n_ff 128 splits over 3 ranks (Q8_0: 4 blocks of 32 -> 1+1+2). */
+Test (tp, dp_attention_three_ranks) { s_dp ("tiny-llama", 3, 1e-3); }
+Test (tp, dp_attention_three_ranks_q8) { s_dp ("tiny-llama-q8", 3, 0.1); }
+
+/* DP attention over an MoE model is refused by every rank, at once. */
+Test (tp, dp_attention_moe_refused)
+{
+    struct ref_prompts rp;
+    char *gguf = s_ref_load ("tiny-moe", &rp);
+    struct tp_job j = { .gguf = gguf, .n_prompts = 1, .prompt = { rp.ids[0] },
+                        .n_prompt = { rp.len[0] }, .n_gen = 1, .group = s_group ("dpmoe"),
+                        .timeout_s = 60, .dp = 1 };
+    struct tp_out o[2];
+    time_t t0 = time (NULL);
+    s_run_ranks (&j, 2, o);
+    cr_assert (time (NULL) - t0 < 30, "the ranks took %lds to fail", (long) (time (NULL) - t0));
+    for (int r = 0; r < 2; r++) {
+        cr_assert_eq (o[r].h.rc, RX_ENOTSUP, "rank %d: %s (%s)", r, rx_status_name (o[r].h.rc), o[r].h.msg);
+        cr_assert_not_null (strstr (o[r].h.msg, "DP attention"), "%s", o[r].h.msg);
+        cr_assert_not_null (strstr (o[r].h.msg, "tiny-moe.gguf"), "%s", o[r].h.msg);
+    }
+    s_ref_free (&rp);
+    free (gguf);
+}
+
+/* rx_engine_idle without DP attention is RX_EINVAL (tp 1 and tp 2), and an
+ * idle batch (0 tokens) is refused by a non-DP model; with DP attention on
+ * one rank rx_engine_idle is a no-op. */
+Test (tp, idle_errors)
+{
+    TU_REQUIRE_SHARED ();
+    char *gguf = tu_path (tu_env ("RADIX_SHARED"), "data/models/tiny-llama.gguf");
+    int32_t tok = 1;
+    struct tp_job j = { .gguf = gguf, .n_prompts = 1, .prompt = { &tok }, .n_prompt = { 1 },
+                        .n_gen = 1, .group = s_group ("idle"), .timeout_s = 60, .dp = 1,
+                        .dp_idle_only = 1 };
+    struct tp_out o[2];
+    s_run (&j, 0, 0, &o[0]);
+    cr_assert_eq (o[0].h.rc, RX_EINVAL, "%s", o[0].h.msg);
+    cr_assert_not_null (strstr (o[0].h.msg, "without DP attention"), "%s", o[0].h.msg);
+    s_run_ranks (&j, 2, o);
+    for (int r = 0; r < 2; r++) {
+        cr_assert_eq (o[r].h.rc, RX_EINVAL, "rank %d: %s", r, o[r].h.msg);
+        cr_assert_not_null (strstr (o[r].h.msg, "without DP attention"), "%s", o[r].h.msg);
+    }
+
+    struct rx_boot b;
+    struct rx_err err = { 0 };
+    setenv ("RADIX_PLUGIN_PATH", tu_env ("RX_PLUGIN_BUILD_DIR"), 1);
+    cr_assert_eq (rx_boot_open (&b, NULL, 0, &err), RX_OK, "%s", err.msg);
+    struct rx_engine_opts eo = { .model_path = gguf, .n_slots = 64, .max_tokens = 8 };
+    rx_engine_t *e = rx_engine_new (&b, &eo, &err);
+    cr_assert_not_null (e, "%s", err.msg);
+    cr_assert_eq (rx_engine_dp_attention (e), 0);
+    struct rx_model_batch mb = { .struct_size = sizeof mb, .n_tokens = 0 };
+    cr_assert_eq (rx_engine_forward (e, &mb, NULL, &err), RX_EINVAL);
+    cr_assert_not_null (strstr (err.msg, "idle batch needs DP attention"), "%s", err.msg);
+    rx_engine_destroy (&e);
+    eo.dp_attention = 1;
+    e = rx_engine_new (&b, &eo, &err);
+    cr_assert_not_null (e, "%s", err.msg);
+    cr_assert_eq (rx_engine_dp_attention (e), 1);
+    cr_assert_eq (rx_engine_idle (e, &err), RX_OK, "%s", err.msg);
+    rx_engine_destroy (&e);
+    rx_boot_close (&b);
+    free (gguf);
+}
+
+/* A rank whose batch is refused still takes part in the step's count
+ * exchange: it fails with its own error, the other rank at once with one
+ * naming it (no wait for the comm timeout). */
+Test (tp, dp_attention_refused_batch)
+{
+    struct ref_prompts rp;
+    char *gguf = s_ref_load ("tiny-llama", &rp);
+    struct tp_job j = { .gguf = gguf, .n_prompts = 2, .prompt = { rp.ids[0], rp.ids[1] },
+                        .n_prompt = { rp.len[0], rp.len[1] }, .n_gen = 2, .group = s_group ("dpbad"),
+                        .timeout_s = 60, .dp = 1, .dp_bad = 1 };
+    struct tp_out o[2];
+    time_t t0 = time (NULL);
+    s_run_ranks (&j, 2, o);
+    cr_assert (time (NULL) - t0 < 30, "the ranks took %lds to fail", (long) (time (NULL) - t0));
+    cr_assert_eq (o[1].h.rc, RX_EINVAL, "rank 1: %s (%s)", rx_status_name (o[1].h.rc), o[1].h.msg);
+    cr_assert_not_null (strstr (o[1].h.msg, "out of vocabulary"), "%s", o[1].h.msg);
+    cr_assert_eq (o[0].h.rc, RX_EIO, "rank 0: %s (%s)", rx_status_name (o[0].h.rc), o[0].h.msg);
+    cr_assert_not_null (strstr (o[0].h.msg, "rank 1 refused its batch"), "%s", o[0].h.msg);
+    s_out_free (&o[0]);
+    s_out_free (&o[1]);
+    s_ref_free (&rp);
     free (gguf);
 }

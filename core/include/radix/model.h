@@ -41,7 +41,9 @@
  * plugin (a plugin that cannot split refuses n_rank > 1 at create).  Every
  * rank is given the same batches; each computes its share (heads, FFN
  * columns) and the row-parallel outputs are all-reduced, so every rank ends
- * with the same logits.  Mixture-of-experts models route their expert rows
+ * with the same logits.  With env->dp_attn each rank instead runs its own
+ * batches (DP attention, see rx_model_env.dp_attn) and gets the logits of
+ * its own rows only.  Mixture-of-experts models route their expert rows
  * through the MoE dispatcher plugin the env carries (radix/moe.h).
  *
  * Thread-safety: create/destroy from one thread; one instance is driven by
@@ -122,6 +124,17 @@ struct rx_model_env {
     int32_t moe_max_tokens;
     int32_t reserved2_;
     /* ---- ABI 1.0 ends here.  Append only below. ---- */
+    /* 1 = DP attention over the comm group above (rank / n_rank / comm /
+     * comm_inst then describe the DP group, not a tensor-parallel one):
+     * every rank runs its OWN batches and holds its own KV, attention runs
+     * locally with all heads, and only the dense FFN is split over the
+     * ranks (as tensor parallelism splits it) -- the rows of every rank are
+     * all-gathered before it and reduce-scattered back after it.  Every
+     * rank must call forward() once per step of the group, with an idle
+     * batch (n_tokens 0) when it has no work, so the collectives of every
+     * layer always have all ranks.  0 (or absent: a shorter env) = the
+     * tensor-parallel meaning of n_rank. */
+    int32_t dp_attn;
 };
 
 /* What the core needs to know about an instance. */
@@ -143,7 +156,10 @@ struct rx_model_info {
  * of the instance's kernel backend, at least n_out * n_vocab floats. */
 struct rx_model_batch {
     uint32_t       struct_size;     /* sizeof (struct rx_model_batch) */
-    int32_t        n_tokens;        /* 1 .. max_tokens of reserve() */
+    int32_t        n_tokens;        /* 1 .. max_tokens of reserve(); 0 = an idle batch
+                                       (n_seq 0, n_out 0, arrays may be NULL): allowed
+                                       only with rx_model_env.dp_attn, where it runs
+                                       just the collectives of every layer */
     const int32_t *tokens;          /* [n_tokens] token ids */
     const int32_t *pos;             /* [n_tokens] positions within their sequence */
     int32_t        n_seq;           /* >= 1 */
