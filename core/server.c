@@ -33,6 +33,7 @@
 #include "metrics.h"
 #include "request.h"
 #include "sched_proc.h"
+#include "engine.h"
 #include "topology.h"
 #include "dp_proc.h"
 #include "server.h"
@@ -129,6 +130,7 @@ struct rx_server {
     const char *names[1];
     char *served_name;
     const char *model_path;
+    char *model_path_buf;                /* owned: [model] path resolved */
 
     /* [server] */
     const char *host, *api_key, *cors;
@@ -1586,7 +1588,10 @@ static char *s_default_name (const char *path)
 
 static int s_open_model (rx_server_t *s, struct rx_err *err)
 {
-    s->model_path = rx_conf_str (s->conf, "model", "path", NULL);
+    /* Relative to the INI file's folder, as the scheduler ranks and the
+     * detokenizer resolve it (rx_engine_model_path). */
+    s->model_path_buf = rx_engine_model_path (s->boot, NULL);
+    s->model_path = s->model_path_buf;
     if (!s->model_path || !*s->model_path)
         return rx_err_set (err, RX_EINVAL, "%s: [model] path is not set: radixd needs a GGUF model file",
                            rx_conf_name (s->conf));
@@ -1825,6 +1830,7 @@ out:
     rx_tokenizer_free (&s->tok);
     rx_gguf_close (&s->gguf);
     free (s->served_name);
+    free (s->model_path_buf);
     free (s->kids);
     if (code == 0) rx_info ("stopped");
     return code;
