@@ -55,6 +55,8 @@
 #include <radix/moe.h>
 #include <radix/plugin.h>
 
+#include "../batch_check.h"
+
 #define DS_MAX_LAYERS 1024
 #define DS_MAX_DIM    (1 << 20)
 #define DS_MAX_EXPERT 4096
@@ -661,52 +663,7 @@ fail:
 static int s_check_batch (const struct ds_model *m, const struct rx_model_batch *b,
                           struct rx_err *err)
 {
-    if (!b || b->struct_size < offsetof (struct rx_model_batch, logits) + sizeof b->logits)
-        return rx_err_set (err, RX_EINVAL, DS_NAME ": forward: NULL or short batch");
-    if (m->max_tokens == 0)
-        return rx_err_set (err, RX_EINVAL, DS_NAME ": forward before reserve()");
-    const int32_t n = b->n_tokens;
-    if (n <= 0 || n > m->max_tokens)
-        return rx_err_set (err, RX_EINVAL, DS_NAME ": forward: %d tokens (1 .. %d reserved)", n,
-                           m->max_tokens);
-    if (b->n_seq <= 0 || b->n_seq > n)
-        return rx_err_set (err, RX_EINVAL, DS_NAME ": forward: %d sequences for %d tokens", b->n_seq, n);
-    if (!b->tokens || !b->pos || !b->q_start || !b->kv_start || !b->kv_slots)
-        return rx_err_set (err, RX_EINVAL, DS_NAME ": forward: NULL tokens, pos, q_start, kv_start or kv_slots");
-    if (b->n_out < 0 || b->n_out > n || (b->n_out > 0 && (!b->out_rows || !b->logits)))
-        return rx_err_set (err, RX_EINVAL, DS_NAME ": forward: %d output rows for %d tokens (or NULL rows/logits)",
-                           b->n_out, n);
-    if (b->q_start[0] != 0 || b->q_start[b->n_seq] != n || b->kv_start[0] != 0)
-        return rx_err_set (err, RX_EINVAL, DS_NAME ": forward: q_start must run 0 .. %d and kv_start start at 0", n);
-    for (int32_t s = 0; s < b->n_seq; s++) {
-        int32_t q0 = b->q_start[s], q1 = b->q_start[s + 1];
-        int32_t k0 = b->kv_start[s], k1 = b->kv_start[s + 1];
-        if (q1 <= q0)
-            return rx_err_set (err, RX_EINVAL, DS_NAME ": forward: sequence %d has no tokens (q_start %d .. %d)",
-                               s, q0, q1);
-        if (k1 < k0 || (int64_t) (k1 - k0) < (int64_t) (q1 - q0))
-            return rx_err_set (err, RX_EINVAL, DS_NAME ": forward: sequence %d: %d KV slots for %d new tokens",
-                               s, k1 - k0, q1 - q0);
-        for (int32_t t = q0; t < q1; t++) {
-            if (b->tokens[t] < 0 || b->tokens[t] >= m->n_vocab)
-                return rx_err_set (err, RX_EINVAL, DS_NAME ": forward: token %d at row %d out of vocabulary (0 .. %d)",
-                                   b->tokens[t], t, m->n_vocab - 1);
-            if (b->pos[t] < 0 || b->pos[t] >= k1 - k0 || (t > q0 && b->pos[t] <= b->pos[t - 1]))
-                return rx_err_set (err, RX_EINVAL,
-                                   DS_NAME ": forward: row %d position %d: positions must increase within a sequence and stay below its KV length %d",
-                                   t, b->pos[t], k1 - k0);
-        }
-    }
-    int64_t total = b->kv_start[b->n_seq];
-    for (int64_t i = 0; i < total; i++)
-        if (b->kv_slots[i] < 0 || (uint64_t) b->kv_slots[i] >= m->n_slots)
-            return rx_err_set (err, RX_EINVAL, DS_NAME ": forward: KV slot %d at %lld out of 0 .. %llu",
-                               b->kv_slots[i], (long long) i, (unsigned long long) m->n_slots - 1);
-    for (int32_t j = 0; j < b->n_out; j++)
-        if (b->out_rows[j] < 0 || b->out_rows[j] >= n || (j > 0 && b->out_rows[j] <= b->out_rows[j - 1]))
-            return rx_err_set (err, RX_EINVAL, DS_NAME ": forward: output row %d (%d) must increase within 0 .. %d",
-                               j, b->out_rows[j], n - 1);
-    return RX_OK;
+    return rx_model_batch_check (DS_NAME, b, m->max_tokens, m->n_vocab, m->n_slots, 0, err);
 }
 
 #define DS_TRY(expr) do { int rc_ = (expr); if (rc_ != RX_OK) return rc_; } while (0)
