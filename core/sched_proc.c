@@ -606,7 +606,7 @@ static int s_attn_step (struct s_proc *p, int *stalled)
 {
     struct rx_err err = { 0 };
     int idle = rx_sched_idle (p->sched);
-    uint8_t busy = (uint8_t) (!idle | ((p->stop_now || p->draining) && idle ? 2 : 0)), *all = NULL;
+    uint8_t busy = (uint8_t) ((idle ? 0 : 1) | ((p->stop_now || p->draining) && idle ? 2 : 0)), *all = NULL;
     size_t lens[RX_DP_ATTN_MAX];
     if (rx_zgroup_allgather (p->ag, &busy, 1, (void **) &all, p->o.attn_size <= RX_DP_ATTN_MAX ? lens : NULL,
                              -1, &err) != RX_OK) {
