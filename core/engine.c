@@ -43,6 +43,7 @@ struct rx_engine {
     void *comm;
     int tp_agreed;                /* the ranks exchanged their KV pool sizes (max_tokens with DP attention) */
     int dp_attention;             /* opts.dp_attention */
+    int32_t ep_size;              /* [parallel] ep_size: 1, or tp_size with DP attention */
 
     int64_t n_slots;
     int32_t max_tokens;
@@ -492,6 +493,19 @@ rx_engine_t *rx_engine_new (struct rx_boot *b, const struct rx_engine_opts *o, s
      * through it. */
     e->tp_size = 1;
     e->dp_attention = o && o->dp_attention;
+    /* Expert parallelism: the MoE dispatcher shards the experts over the
+     * DP-attention group (the model creates it with this rank, ep_size and
+     * the group's comm).  Checked before joining the group: every rank
+     * reads the same file, so all refuse alike. */
+    int64_t ep = rx_conf_int (b->conf, "parallel", "ep_size", 1);
+    int32_t ranks = o && o->tp_size > 1 ? o->tp_size : 1;
+    if (ep != 1 && !(e->dp_attention && ranks > 1 && ep == ranks)) {
+        rc = rx_err_set (err, RX_ECONFIG,
+                         "[parallel] ep_size = %lld: must be 1, or equal to tp_size (%d) with dp_attention on%s",
+                         (long long) ep, (int) ranks, e->dp_attention && ranks > 1 ? "" : " (no DP-attention group here)");
+        goto fail;
+    }
+    e->ep_size = (int32_t) ep;
     if (o && o->tp_size > 1 && (rc = s_comm_open (e, b, o, err)) != RX_OK) goto fail;
 
     /* The model. */
@@ -509,6 +523,7 @@ rx_engine_t *rx_engine_new (struct rx_boot *b, const struct rx_engine_opts *o, s
         .moe_host = e->moe_p ? rx_plugin_host (e->moe_p) : NULL,
         .moe_max_tokens = (int32_t) rx_conf_int (b->conf, "moe", "max_tokens_per_rank", 0),
         .dp_attn = e->dp_attention && e->tp_size > 1,
+        .ep_size = e->ep_size,
     };
     if ((rc = e->M->create (rx_plugin_host (e->model_p), &e->src, &env, &e->model, err)) != RX_OK) {
         e->model = NULL;
@@ -571,10 +586,12 @@ rx_engine_t *rx_engine_new (struct rx_boot *b, const struct rx_engine_opts *o, s
     }
     if ((rc = e->M->reserve (e->model, (uint64_t) e->n_slots, e->max_tokens, err)) != RX_OK) goto fail;
 
-    char tp[96] = "";
+    char tp[160] = "";
     if (e->tp_size > 1)
-        snprintf (tp, sizeof tp, ", %s %d (rank %d, comm %s)", e->dp_attention ? "dp attention" : "tp",
-                  e->tp_size, e->tp_rank, rx_plugin_desc (e->comm_p)->name);
+        snprintf (tp, sizeof tp, ", %s %d (rank %d, comm %s)%s%s", e->dp_attention ? "dp attention" : "tp",
+                  e->tp_size, e->tp_rank, rx_plugin_desc (e->comm_p)->name,
+                  e->ep_size > 1 && e->moe_p ? ", ep over the group, moe-" : "",
+                  e->ep_size > 1 && e->moe_p ? rx_plugin_desc (e->moe_p)->name : "");
     snprintf (e->desc, sizeof e->desc, "%s: model-%s (%s), kernels-%s [%s], attn-%s, KV %lld slots x %llu B%s",
               rx_gguf_path (e->gguf), rx_plugin_desc (e->model_p)->name, e->arch,
               rx_plugin_desc (e->kern_p)->name, ki.device, rx_plugin_desc (e->attn_p)->name,

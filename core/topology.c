@@ -40,6 +40,13 @@ int rx_topo_from_conf (const rx_conf_t *conf, struct rx_topo *t, struct rx_err *
         }
         t->world = t->tp_size;
     }
+    int64_t ep = rx_conf_int (conf, "parallel", "ep_size", 1);
+    if (ep != 1 && !(t->dp_attention && ep == t->tp_size)) {
+        char why[160];
+        snprintf (why, sizeof why, "%lld: must be 1, or equal to tp_size (%d) with dp_attention on%s",
+                  (long long) ep, t->tp_size, t->dp_attention ? "" : " (it is off)");
+        return s_bad (conf, "ep_size", err, why);
+    }
     if (t->node_rank >= t->nnodes) {
         char why[96];
         snprintf (why, sizeof why, "%d is not below nnodes = %d", t->node_rank, t->nnodes);

@@ -19,7 +19,7 @@
  * one instance made by reserve(), shared by the layers): dispatch groups
  * them by expert, one matmul per expert with rows, combine adds the
  * weighted sum to the residual.  With tensor parallelism an MoE model is
- * refused (RX_ENOTSUP) until expert parallelism lands.
+ * refused (RX_ENOTSUP); with DP attention it runs expert-parallel (below).
  *
  * Tensor parallelism (env->n_rank > 1): rank r of N runs KV heads
  * [r*Hkv/N, (r+1)*Hkv/N) (an integer split, uneven when N does not divide
@@ -47,8 +47,19 @@
  * its n rows to the residual.  A rank without work runs an idle forward
  * (n_tokens 0) that only takes part in these collectives; when every rank
  * is idle (M = 0) the layers are skipped on all of them alike.  The ranks
- * must reserve the same max_tokens (the engine agrees on it).  MoE models
- * are refused with DP attention for now.
+ * must reserve the same max_tokens (the engine agrees on it).
+ *
+ * MoE under DP attention: an MoE layer is not gathered / reduce-scattered.
+ * Each rank routes its OWN rows (router, top-k) and hands them to the
+ * dispatcher, created with ep_rank = rank, ep_size = env->ep_size (1: all
+ * experts on every rank, no exchange; n_rank: experts sharded, the ep_*
+ * dispatchers exchange the rows over the DP group's comm).  The rank runs
+ * only the experts the dispatcher gives it (first_expert ..) on the rows it
+ * receives from every rank, and combine brings each rank the sum for its
+ * own rows.  Every rank calls dispatch / combine the same number of times
+ * in every MoE layer -- ceil(M / chunk) with M the group's largest row
+ * count, empty chunks (and idle ranks) dispatching 0 tokens -- so the
+ * dispatcher's collectives always have all ranks.
  *
  * Every computation is a kernel-backend op (radix/kernel.h); this file only
  * reads hyper-parameters, loads weight handles, checks the batch and keeps
@@ -114,6 +125,7 @@ struct ll_model {
     /* tensor parallelism (or DP attention when dp_attn) */
     int32_t rank, n_rank;
     int32_t dp_attn;                             /* env->dp_attn */
+    int32_t ep_size;                             /* env->ep_size: 1, or n_rank with dp_attn */
     float *dp_g, *dp_d;                          /* DP: [N*T][n_embd] gathered rows, FFN partials */
     int32_t *dp_cnt;                             /* DP: device [N] row counts of the ranks */
     int32_t *dp_cnt_h;                           /* DP: host copy [N] (create) */
@@ -467,11 +479,11 @@ static int s_hparams (struct ll_model *m, const struct rx_model_src *src, struct
             return rx_err_set (err, RX_EFORMAT,
                                "%s: model-llama: bad mixture of experts: %s.expert_count %u (1 .. 4096), expert_used_count %u (1 .. expert_count), expert width %u",
                                src->path, m->arch, n_expert, n_used, n_ff_exp);
-        if (m->dp_attn)
+        if (m->ep_size > 1 && (uint32_t) m->ep_size > n_expert)
             return rx_err_set (err, RX_ENOTSUP,
-                               "%s: model-llama: mixture-of-experts model (%u experts) with DP attention (%d ranks) is not supported yet (only a dense FFN is split over the DP group): run it without dp_attention",
-                               src->path, n_expert, m->n_rank);
-        if (m->n_rank > 1)
+                               "%s: model-llama: ep_size %d is more than the %u experts (each rank must own at least one)",
+                               src->path, m->ep_size, n_expert);
+        if (m->n_rank > 1 && !m->dp_attn)
             return rx_err_set (err, RX_ENOTSUP,
                                "%s: model-llama: mixture-of-experts model (%u experts) with tensor parallelism (%d ranks) is not supported yet (expert parallelism comes later): run it with tp_size 1",
                                src->path, n_expert, m->n_rank);
@@ -731,6 +743,17 @@ static int s_create (const struct rx_host *host, const struct rx_model_src *src,
         m->comm = env->comm;
         m->comm_inst = env->comm_inst;
     }
+    m->ep_size = 1;
+    if (env->struct_size >= offsetof (struct rx_model_env, ep_size) + sizeof env->ep_size
+        && env->ep_size > 1) {
+        if (!m->dp_attn || env->ep_size != m->n_rank) {
+            s_destroy (m);
+            return rx_err_set (err, RX_EINVAL,
+                               "%s: model-llama: create: ep_size %d needs DP attention with ep_size = the %d ranks",
+                               src->path, env->ep_size, m->n_rank);
+        }
+        m->ep_size = env->ep_size;
+    }
     if (env->struct_size >= offsetof (struct rx_model_env, moe_max_tokens) + sizeof env->moe_max_tokens
         && env->moe && env->moe->create && env->moe->destroy && env->moe->dispatch
         && env->moe->combine) {
@@ -876,8 +899,9 @@ static int s_reserve (void *p, uint64_t n_slots, int32_t max_tokens, struct rx_e
                                                                                   : max_tokens;
         struct rx_moe_config mc = {
             .struct_size = sizeof mc, .n_expert = m->n_expert, .n_expert_used = m->n_expert_used,
-            .n_embd = m->n_embd, .max_tokens = chunk, .ep_rank = 0, .ep_size = 1,
-            .kops = m->k.ops, .kbe = m->k.be, .stream = m->k.stream, .comm = NULL, .comm_inst = NULL,
+            .n_embd = m->n_embd, .max_tokens = chunk, .ep_rank = m->ep_size > 1 ? m->rank : 0,
+            .ep_size = m->ep_size, .kops = m->k.ops, .kbe = m->k.be, .stream = m->k.stream,
+            .comm = m->ep_size > 1 ? m->comm : NULL, .comm_inst = m->ep_size > 1 ? m->comm_inst : NULL,
         };
         if ((rc = m->moe_ops->create (m->moe_host, &mc, &m->moe, err)) != RX_OK) {
             m->moe = NULL;
@@ -927,21 +951,27 @@ static int s_row_parallel (struct ll_model *m, const rx_kweight_t *w, const floa
  * h Wr^T, the top k of them, their softmax as the weights (= softmax over
  * every expert, the top k renormalized to sum 1, as the selection is the
  * same and p_i / sum_j p_j = exp(l_i) / sum_j exp(l_j)); then through the
- * dispatcher, in chunks of its max_tokens: each expert e with rows runs
- * down(silu(gate_e x) * up_e x) on its rows of routed.x into routed.y, and
- * combine adds the weighted sum to the residual. */
-static int s_moe_ffn (struct ll_model *m, const struct ll_layer *L, size_t nn, struct rx_err *err)
+ * dispatcher, in chunks of its max_tokens: each local expert e with rows
+ * runs down(silu(gate_e x) * up_e x) on its rows of routed.x into
+ * routed.y, and combine adds the weighted sum to the residual.  group_rows:
+ * the group's largest row count (DP attention: every rank makes the same
+ * number of dispatch calls, nn may be 0), else nn. */
+static int s_moe_ffn (struct ll_model *m, const struct ll_layer *L, size_t nn, size_t group_rows,
+                      struct rx_err *err)
 {
     const struct rx_kernels_ops *K = m->k.ops;
     void *be = m->k.be;
     rx_kstream_t *st = m->k.stream;
     const size_t E = (size_t) m->n_embd, FE = (size_t) m->n_ff_exp, NE = (size_t) m->n_expert,
                  KU = (size_t) m->n_expert_used, T = (size_t) m->max_tokens;
-    LL_TRY (K->matmul (be, st, L->gate_inp, -1, m->h, E, m->router, NE, nn, 0, err));
-    LL_TRY (K->topk (be, st, m->router, NE, nn, NE, KU, m->topw, m->topi, err));
-    LL_TRY (K->softmax (be, st, m->topw, KU, nn, KU, 1.0f, err));
-    for (size_t c0 = 0; c0 < nn; c0 += (size_t) m->moe_chunk) {
-        size_t cn = nn - c0 < (size_t) m->moe_chunk ? nn - c0 : (size_t) m->moe_chunk;
+    if (nn > 0) {
+        LL_TRY (K->matmul (be, st, L->gate_inp, -1, m->h, E, m->router, NE, nn, 0, err));
+        LL_TRY (K->topk (be, st, m->router, NE, nn, NE, KU, m->topw, m->topi, err));
+        LL_TRY (K->softmax (be, st, m->topw, KU, nn, KU, 1.0f, err));
+    }
+    for (size_t c0 = 0; c0 < group_rows; c0 += (size_t) m->moe_chunk) {
+        /* cn 0: this rank has no rows left but a peer has (DP attention). */
+        size_t cn = c0 >= nn ? 0 : nn - c0 < (size_t) m->moe_chunk ? nn - c0 : (size_t) m->moe_chunk;
         struct rx_moe_routed r = { .struct_size = sizeof r };
         LL_TRY (m->moe_ops->dispatch (m->moe, m->h + c0 * E, E, (int32_t) cn, m->topi + c0 * KU,
                                       m->topw + c0 * KU, &r, err));
@@ -1032,8 +1062,10 @@ static int s_forward (void *p, const struct rx_model_batch *b, struct rx_err *er
     if (b->n_tokens == 0) {
         /* Idle (DP attention): only the FFN collectives of every layer, and
          * none at all when every rank is idle. */
-        for (int32_t l = 0; l < m->n_layer && M > 0; l++)
-            LL_TRY (s_dp_ffn (m, &m->layers[l], 0, (size_t) M, err));
+        for (int32_t l = 0; l < m->n_layer && M > 0; l++) {
+            if (m->layers[l].gate_exps) LL_TRY (s_moe_ffn (m, &m->layers[l], 0, (size_t) M, err));
+            else LL_TRY (s_dp_ffn (m, &m->layers[l], 0, (size_t) M, err));
+        }
         return RX_OK;
     }
     const struct rx_kernels_ops *K = m->k.ops;
@@ -1094,14 +1126,14 @@ static int s_forward (void *p, const struct rx_model_batch *b, struct rx_err *er
         };
         LL_TRY (m->attn_ops->forward (m->attn, l, &ab, d_new, &io, err));
         LL_TRY (s_row_parallel (m, L->wo, m->att, od, nn, err));
-        if (m->dp_attn) {
+        if (m->dp_attn && !L->gate_exps) {
             LL_TRY (s_dp_ffn (m, L, nn, (size_t) M, err));
             if (RX_HAS (struct rx_host, m->host, progress)) m->host->progress (m->host);
             continue;
         }
         LL_TRY (K->rms_norm (be, st, m->x, E, L->ffn_norm, m->h, E, nn, E, m->eps, err));
         if (L->gate_exps) {
-            LL_TRY (s_moe_ffn (m, L, nn, err));
+            LL_TRY (s_moe_ffn (m, L, nn, m->dp_attn ? (size_t) M : nn, err));
         } else {
             LL_TRY (K->matmul (be, st, L->w_gate, -1, m->h, E, m->gate, F, nn, 0, err));
             LL_TRY (K->matmul (be, st, L->w_up, -1, m->h, E, m->up, F, nn, 0, err));

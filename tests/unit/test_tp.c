@@ -21,8 +21,12 @@
  * DP attention (dp_attention, 2 and 3 ranks, F16 and Q8_0): rank r runs
  * its own prompt (different lengths), then rank 0 runs one more while the
  * others call rx_engine_idle; every rank's logits and greedy tokens equal
- * tp 1's for its prompt.  Plus: MoE refused, a refused batch fails both
- * ranks at once, rx_engine_idle without DP attention.
+ * tp 1's for its prompt.  The same with the MoE model (tiny-moe) and
+ * each dispatcher: local (ep_size 1: every rank all experts), ep_normal
+ * (in chunks of 5 tokens, so the ranks' chunk counts differ), ep_low_latency
+ * and ep_auto (ep_size 2: experts sharded, rows exchanged).  Plus: a bad
+ * ep_size refused, a refused batch fails both ranks at once,
+ * rx_engine_idle without DP attention.
  *
  * No Criterion .timeout here (see test_models_ref.c); the ranks have the
  * comm timeout and the parent kills them after S_DEADLINE seconds. */
@@ -37,6 +41,7 @@
 #include "engine.h"
 #include "sampling.h"
 #include "tokenizer.h"
+#include "topology.h"
 #include "../testutil.h"
 
 #define S_MAX_PROMPTS 8
@@ -59,6 +64,11 @@ struct tp_job {
     int dp;
     int32_t dp_idle_only;       /* 1: rx_engine_idle without dp_attention (an error) */
     int32_t dp_bad;             /* 1: rank 1's first step has a token out of the vocabulary */
+    /* MoE (s_run_dp): [moe] dispatcher, [parallel] ep_size and [moe]
+     * max_tokens_per_rank when set (NULL / 0: the defaults). */
+    const char *moe;
+    int32_t ep_size;
+    int32_t moe_chunk;
 };
 
 /* What one rank reports (a file header, then the logits rows). */
@@ -643,9 +653,16 @@ static void s_run_dp (const struct tp_job *j, int32_t rank, int32_t size, struct
     setenv ("RADIX_PLUGIN_PATH", tu_env ("RX_PLUGIN_BUILD_DIR"), 1);
     int rc = rx_boot_open (&b, NULL, 0, &err);
     if (rc == RX_OK) rc = rx_conf_set (b.conf, "kernels", "threads", "1", &err);
+    if (rc == RX_OK && j->moe) rc = rx_conf_set (b.conf, "moe", "dispatcher", j->moe, &err);
+    char num[16];
+    snprintf (num, sizeof num, "%d", (int) j->ep_size);
+    if (rc == RX_OK && j->ep_size) rc = rx_conf_set (b.conf, "parallel", "ep_size", num, &err);
+    snprintf (num, sizeof num, "%d", (int) j->moe_chunk);
+    if (rc == RX_OK && j->moe_chunk) rc = rx_conf_set (b.conf, "moe", "max_tokens_per_rank", num, &err);
     if (rc != RX_OK) {
         out->h.rc = rc;
         snprintf (out->h.msg, sizeof out->h.msg, "%s", err.msg);
+        rx_boot_close (&b);
         return;
     }
     struct rx_engine_opts o = {
@@ -747,13 +764,17 @@ static void s_dp_check (const char *what, const struct tp_job *j, int32_t p, con
              what, p, maxd, nrows, tol, g, j->n_gen);
 }
 
-static void s_dp (const char *model, int32_t size, double tol)
+/* DP attention over `size` ranks; moe / ep_size / moe_chunk: see tp_job
+ * (the tp 1 reference always runs the default dispatcher, local). */
+static void s_dp_moe (const char *model, int32_t size, double tol, const char *moe, int32_t ep_size,
+                      int32_t moe_chunk)
 {
     struct ref_prompts rp;
     char *gguf = s_ref_load (model, &rp);
     cr_assert (rp.n >= 2);
     struct tp_job j = { .gguf = gguf, .n_prompts = rp.n, .n_gen = S_N_GEN, .comm = "shm",
-                        .group = s_group ("dp"), .timeout_s = 60, .dp = 1 };
+                        .group = s_group ("dp"), .timeout_s = 60, .dp = 1, .moe = moe,
+                        .ep_size = ep_size, .moe_chunk = moe_chunk };
     for (int32_t i = 0; i < rp.n; i++) {
         j.prompt[i] = rp.ids[i];
         j.n_prompt[i] = rp.len[i];
@@ -767,6 +788,9 @@ static void s_dp (const char *model, int32_t size, double tol)
     cr_assert (time (NULL) - t0 < 60, "%s: the DP ranks took %lds", model, (long) (time (NULL) - t0));
     struct tp_job j1 = j;
     j1.dp = 0;
+    j1.moe = NULL;
+    j1.ep_size = 0;
+    j1.moe_chunk = 0;
     s_run (&j1, 0, 0, &one);
     cr_assert_eq (one.h.rc, RX_OK, "%s: tp 1: %s", model, one.h.msg);
     /* The prompts of phase 1 have different lengths. */
@@ -775,14 +799,22 @@ static void s_dp (const char *model, int32_t size, double tol)
         char want[64];
         snprintf (want, sizeof want, "dp attention %d (rank %d, comm shm)", size, r);
         cr_assert_not_null (strstr (dp[r].h.desc, want), "%s: describe: %s", model, dp[r].h.desc);
+        if (ep_size > 1) {
+            snprintf (want, sizeof want, "ep over the group, moe-%s", moe);
+            cr_assert_not_null (strstr (dp[r].h.desc, want), "%s: describe: %s", model, dp[r].h.desc);
+        }
         /* Every rank holds every head (and its own KV pool). */
         cr_assert_eq (dp[r].h.n_head, one.h.n_head);
         cr_assert_eq (dp[r].h.n_kv_head, one.h.n_kv_head);
         cr_assert_eq (dp[r].h.kv_bytes_per_token, one.h.kv_bytes_per_token);
-        /* ... but only its share of the FFN. */
-        cr_assert_lt (dp[r].h.weight_bytes, one.h.weight_bytes, "%s: rank %d holds %llu weight bytes, tp 1 %llu",
-                      model, r, (unsigned long long) dp[r].h.weight_bytes,
-                      (unsigned long long) one.h.weight_bytes);
+        /* ... but only its share of the dense FFN (an MoE model's experts
+         * are mapped whole: no dense FFN to split). */
+        if (moe)
+            cr_assert_leq (dp[r].h.weight_bytes, one.h.weight_bytes);
+        else
+            cr_assert_lt (dp[r].h.weight_bytes, one.h.weight_bytes, "%s: rank %d holds %llu weight bytes, tp 1 %llu",
+                          model, r, (unsigned long long) dp[r].h.weight_bytes,
+                          (unsigned long long) one.h.weight_bytes);
         const int32_t p = r % j.n_prompts;
         cr_assert_eq (dp[r].h.n_rows, j.n_prompt[p] + j.n_gen + (r == 0 ? j.n_prompt[size % j.n_prompts] + j.n_gen : 0));
         char what[96];
@@ -801,31 +833,81 @@ static void s_dp (const char *model, int32_t size, double tol)
     free (gguf);
 }
 
+static void s_dp (const char *model, int32_t size, double tol)
+{
+    s_dp_moe (model, size, tol, NULL, 0, 0);
+}
+
 Test (tp, dp_attention_f16) { s_dp ("tiny-llama", 2, 1e-3); }
 Test (tp, dp_attention_q8) { s_dp ("tiny-llama-q8", 2, 0.1); }
 /* n_ff 128 splits over 3 ranks (Q8_0: 4 blocks of 32 -> 1+1+2). */
 Test (tp, dp_attention_three_ranks) { s_dp ("tiny-llama", 3, 1e-3); }
 Test (tp, dp_attention_three_ranks_q8) { s_dp ("tiny-llama-q8", 3, 0.1); }
 
-/* DP attention over an MoE model is refused by every rank, at once. */
-Test (tp, dp_attention_moe_refused)
+/* MoE under DP attention (tiny-moe: F16; prompts of 5 and 6 tokens in
+ * phase 1, 61 in phase 2 with rank 1 idle): every dispatcher gives each
+ * rank the tp 1 (local) logits of its own prompt. */
+Test (tp, dp_attention_moe_local) { s_dp_moe ("tiny-moe", 2, 1e-3, "local", 1, 0); }
+/* Chunks of 5 tokens: rank 0 (5 tokens) makes 1 dispatch per layer of its
+ * own, rank 1 (6) 2, so rank 0 must dispatch an empty chunk too; in phase 2
+ * the idle rank 1 dispatches 13 empty chunks per layer. */
+Test (tp, dp_attention_moe_ep_normal) { s_dp_moe ("tiny-moe", 2, 1e-3, "ep_normal", 2, 5); }
+Test (tp, dp_attention_moe_ep_low_latency) { s_dp_moe ("tiny-moe", 2, 1e-3, "ep_low_latency", 2, 0); }
+Test (tp, dp_attention_moe_ep_auto) { s_dp_moe ("tiny-moe", 2, 1e-3, "ep_auto", 2, 0); }
+
+/* [parallel] ep_size other than 1 or tp_size with DP attention: every rank
+ * refuses it at once (RX_ECONFIG naming the key), also on one rank. */
+Test (tp, dp_attention_bad_ep_size)
 {
     struct ref_prompts rp;
     char *gguf = s_ref_load ("tiny-moe", &rp);
     struct tp_job j = { .gguf = gguf, .n_prompts = 1, .prompt = { rp.ids[0] },
-                        .n_prompt = { rp.len[0] }, .n_gen = 1, .group = s_group ("dpmoe"),
-                        .timeout_s = 60, .dp = 1 };
+                        .n_prompt = { rp.len[0] }, .n_gen = 1, .group = s_group ("dpep"),
+                        .timeout_s = 60, .dp = 1, .moe = "ep_normal", .ep_size = 3 };
     struct tp_out o[2];
     time_t t0 = time (NULL);
     s_run_ranks (&j, 2, o);
     cr_assert (time (NULL) - t0 < 30, "the ranks took %lds to fail", (long) (time (NULL) - t0));
     for (int r = 0; r < 2; r++) {
-        cr_assert_eq (o[r].h.rc, RX_ENOTSUP, "rank %d: %s (%s)", r, rx_status_name (o[r].h.rc), o[r].h.msg);
-        cr_assert_not_null (strstr (o[r].h.msg, "DP attention"), "%s", o[r].h.msg);
-        cr_assert_not_null (strstr (o[r].h.msg, "tiny-moe.gguf"), "%s", o[r].h.msg);
+        cr_assert_eq (o[r].h.rc, RX_ECONFIG, "rank %d: %s (%s)", r, rx_status_name (o[r].h.rc), o[r].h.msg);
+        cr_assert_not_null (strstr (o[r].h.msg, "[parallel] ep_size = 3"), "%s", o[r].h.msg);
+        cr_assert_not_null (strstr (o[r].h.msg, "tp_size (2)"), "%s", o[r].h.msg);
     }
+    /* One rank (no group): ep_size 2 needs DP attention over 2 ranks. */
+    j.ep_size = 2;
+    s_run (&j, 0, 1, &o[0]);
+    cr_assert_eq (o[0].h.rc, RX_ECONFIG, "%s (%s)", rx_status_name (o[0].h.rc), o[0].h.msg);
+    cr_assert_not_null (strstr (o[0].h.msg, "[parallel] ep_size = 2"), "%s", o[0].h.msg);
+    cr_assert_not_null (strstr (o[0].h.msg, "no DP-attention group"), "%s", o[0].h.msg);
     s_ref_free (&rp);
     free (gguf);
+}
+
+/* radixd's check of [parallel] ep_size (rx_topo_from_conf): 1, or
+ * tp_size with dp_attention; anything else RX_ECONFIG naming the key. */
+Test (tp, topology_ep_size)
+{
+    struct rx_boot b;
+    struct rx_err err = { 0 };
+    setenv ("RADIX_PLUGIN_PATH", tu_env ("RX_PLUGIN_BUILD_DIR"), 1);
+    cr_assert_eq (rx_boot_open (&b, NULL, 0, &err), RX_OK, "%s", err.msg);
+    struct rx_topo t;
+    cr_assert_eq (rx_topo_from_conf (b.conf, &t, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (rx_conf_set (b.conf, "parallel", "ep_size", "2", &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (rx_topo_from_conf (b.conf, &t, &err), RX_ECONFIG);
+    cr_assert_not_null (strstr (err.msg, "[parallel] ep_size: 2: must be 1, or equal to tp_size (1)"), "%s", err.msg);
+    cr_assert_not_null (strstr (err.msg, "(it is off)"), "%s", err.msg);
+    cr_assert_eq (rx_conf_set (b.conf, "parallel", "tp_size", "2", &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (rx_conf_set (b.conf, "parallel", "dp_size", "2", &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (rx_conf_set (b.conf, "parallel", "dp_attention", "true", &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (rx_topo_from_conf (b.conf, &t, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (t.world, 2);
+    cr_assert_eq (rx_conf_set (b.conf, "parallel", "ep_size", "4", &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (rx_topo_from_conf (b.conf, &t, &err), RX_ECONFIG);
+    cr_assert_not_null (strstr (err.msg, "[parallel] ep_size: 4: must be 1, or equal to tp_size (2)"), "%s", err.msg);
+    cr_assert_eq (rx_conf_set (b.conf, "parallel", "ep_size", "1", &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (rx_topo_from_conf (b.conf, &t, &err), RX_OK, "%s", err.msg);
+    rx_boot_close (&b);
 }
 
 /* rx_engine_idle without DP attention is RX_EINVAL (tp 1 and tp 2), and an

@@ -135,6 +135,13 @@ struct rx_model_env {
      * layer always have all ranks.  0 (or absent: a shorter env) = the
      * tensor-parallel meaning of n_rank. */
     int32_t dp_attn;
+    /* [parallel] ep_size: the expert-parallel size of an MoE model's
+     * dispatcher.  1 (or 0, or absent: a shorter env) = every rank runs all
+     * experts on its own rows (no exchange); with dp_attn it may be n_rank:
+     * the dispatcher is created with ep_rank = rank, ep_size = n_rank and
+     * the DP group's comm (the same instance: its collectives are ordered
+     * with the model's), so experts are sharded over the ranks. */
+    int32_t ep_size;
 };
 
 /* What the core needs to know about an instance. */
