@@ -40,7 +40,26 @@
  * [moe] max_tokens_per_rank rows), one batched matmul per local expert,
  * combine (+= into the residual).  The shared expert is added after.
  *
- * Tensor parallelism is not implemented: n_rank > 1 is refused at create.
+ * Tensor parallelism is not implemented: n_rank > 1 without DP attention
+ * is refused at create.
+ *
+ * DP attention (env->dp_attn, N = env->n_rank ranks), as model-llama does
+ * it: each rank runs its own batches, holds its own latent KV and runs MLA
+ * with all heads, the embeddings, norms, router, shared expert and LM head
+ * on its own rows only.  The dense leading blocks' FFN is split over the
+ * ranks (columns [f0, f1) on ffn_down's quant blocks: gate/up rows are a
+ * pointer into the mapping, down's column slice a packed host copy): once
+ * per step the ranks all-gather their row counts, and in every dense block
+ * each all-gathers its normed rows padded to the largest count M, runs its
+ * FFN slice over the N*M rows and reduce-scatters (SUM) the partials back.
+ * The MoE blocks are not gathered: each rank routes its own rows and the
+ * dispatcher (ep_rank = rank, ep_size = env->ep_size: 1, every rank all
+ * experts via local; N, experts sharded and rows exchanged over the DP
+ * group's comm) brings each rank the routed sum of its rows.  Every rank
+ * calls dispatch / combine ceil(M / chunk) times per MoE block (empty
+ * chunks dispatch 0 tokens), and a rank without work runs an idle forward
+ * (n_tokens 0) that takes part in every collective; when every rank is
+ * idle (M = 0) the layers are skipped on all of them alike.
  *
  * Every computation is a kernel-backend op (radix/kernel.h); scratch is
  * sized once by reserve(). */
@@ -85,6 +104,16 @@ struct ds_model {
     void *moe;                                   /* created by reserve() */
     int32_t moe_max_tokens;                      /* env->moe_max_tokens (0: max_tokens) */
     int32_t moe_chunk;                           /* rows per dispatch */
+    /* DP attention (see the header comment) */
+    int32_t rank, n_rank, dp_attn, ep_size;
+    int32_t f0, f1;                              /* this rank's dense FFN columns */
+    const struct rx_comm_ops *comm;
+    void *comm_inst;
+    int32_t *dp_cnt_h;                           /* host [N] row counts (create) */
+    int32_t *dp_cnt;                             /* device [N] (reserve) */
+    float *dp_g, *dp_d;                          /* device [N*T][n_embd] gathered rows, partials */
+    void **copies;                               /* packed column slices, freed at destroy */
+    size_t n_copies, cap_copies;
     const char *path;
     char arch[32];
 
@@ -196,11 +225,26 @@ static int s_push_owned (struct ds_model *m, rx_kweight_t *w, struct rx_err *err
     return RX_OK;
 }
 
+static int s_weight_part (struct ds_model *m, const struct rx_model_src *src, const char *name,
+                          int64_t ne0, int64_t ne1, int64_t ne2, int optional, int cols,
+                          int64_t a0, int64_t a1, rx_kweight_t **w, struct rx_err *err);
+
 /* Load tensor `name`, its shape checked to be [ne0, ne1, ne2] (trailing 0:
  * that dimension is 1).  *w = NULL and RX_OK when optional and absent. */
 static int s_weight (struct ds_model *m, const struct rx_model_src *src, const char *name,
                      int64_t ne0, int64_t ne1, int64_t ne2, int optional, rx_kweight_t **w,
                      struct rx_err *err)
+{
+    return s_weight_part (m, src, name, ne0, ne1, ne2, optional, 0, 0, 0, w, err);
+}
+
+/* s_weight, or (a1 > a0) this rank's part of a 2-D [ne0, ne1] matrix:
+ * cols 0: rows [a0, a1) (a pointer into the mapping); cols 1: columns
+ * [a0, a1) of every row, packed into a host copy kept until destroy (the
+ * bounds on the quant type's blocks). */
+static int s_weight_part (struct ds_model *m, const struct rx_model_src *src, const char *name,
+                          int64_t ne0, int64_t ne1, int64_t ne2, int optional, int cols,
+                          int64_t a0, int64_t a1, rx_kweight_t **w, struct rx_err *err)
 {
     *w = NULL;
     struct rx_weight_view v;
@@ -222,6 +266,47 @@ static int s_weight (struct ds_model *m, const struct rx_model_src *src, const c
     if (rx_dtype_row_bytes (v.dtype, (size_t) v.ne[0]) == 0)
         return rx_err_set (err, RX_EFORMAT, "%s: " DS_NAME ": tensor %s: %llu columns are not whole %s blocks",
                            src->path, name, (unsigned long long) v.ne[0], rx_dtype_name (v.dtype));
+    if (a1 > a0 && !cols) {
+        const size_t rb = rx_dtype_row_bytes (v.dtype, (size_t) v.ne[0]);
+        v.data = (const unsigned char *) v.data + (size_t) a0 * rb;
+        v.ne[1] = (uint64_t) (a1 - a0);
+        v.nbytes = (size_t) (a1 - a0) * rb;
+    } else if (a1 > a0 && !(a0 == 0 && a1 == ne0)) {
+        const size_t blk = rx_dtype_block (v.dtype);
+        if ((size_t) a0 % blk || (size_t) a1 % blk)
+            return rx_err_set (err, RX_ENOTSUP,
+                               "%s: " DS_NAME ": DP attention: tensor %s (%s, blocks of %zu) cannot be split at columns %lld..%lld of %lld (rank %d of %d)",
+                               src->path, name, rx_dtype_name (v.dtype), blk, (long long) a0,
+                               (long long) a1, (long long) ne0, m->rank, m->n_rank);
+        const size_t rb = rx_dtype_row_bytes (v.dtype, (size_t) ne0);
+        const size_t off = (size_t) a0 / blk * rx_dtype_bytes (v.dtype);
+        const size_t sb = (size_t) (a1 - a0) / blk * rx_dtype_bytes (v.dtype);
+        unsigned char *copy = m->host->alloc (m->host, sb * (size_t) e1, 64);
+        if (!copy)
+            return rx_err_set (err, RX_ENOMEM, DS_NAME ": out of memory (slice of %s, %zu bytes)",
+                               name, sb * (size_t) e1);
+        if (m->n_copies == m->cap_copies) {
+            size_t nc = m->cap_copies ? m->cap_copies * 2 : 16;
+            void **na = s_zalloc (m->host, nc * sizeof *na);
+            if (!na) {
+                m->host->free_ (m->host, copy);
+                return rx_err_set (err, RX_ENOMEM, DS_NAME ": out of memory");
+            }
+            if (m->copies) {
+                memcpy (na, m->copies, m->n_copies * sizeof *na);
+                m->host->free_ (m->host, m->copies);
+            }
+            m->copies = na;
+            m->cap_copies = nc;
+        }
+        m->copies[m->n_copies++] = copy;
+        const unsigned char *from = v.data;
+        for (uint64_t r = 0; r < e1; r++)
+            memcpy (copy + (size_t) r * sb, from + (size_t) r * rb + off, sb);
+        v.data = copy;
+        v.ne[0] = (uint64_t) (a1 - a0);
+        v.nbytes = sb * (size_t) e1;
+    }
     rc = m->k.ops->weight_load (m->k.be, &v, w, err);
     if (rc != RX_OK) {
         char why[RX_ERR_MSG_MAX];
@@ -279,7 +364,8 @@ static void s_free_scratch (struct ds_model *m)
     m->idev = m->ih = m->d_topk = m->h_topk = NULL;
     m->h_probs = m->h_wts = NULL;
     m->x = m->h = m->qa = m->q = m->kv = m->att = m->gate = m->up = m->hout = NULL;
-    m->probs = m->sel = m->wts = NULL;
+    m->probs = m->sel = m->wts = m->dp_g = m->dp_d = NULL;
+    m->dp_cnt = NULL;
     m->max_tokens = 0;
     m->cap_slots = 0;
 }
@@ -293,7 +379,11 @@ static void s_destroy (void *p)
     for (size_t i = 0; i < m->n_owned; i++)
         m->k.ops->weight_free (m->k.be, m->owned[i]);
     if (m->owned) m->host->free_ (m->host, m->owned);
+    for (size_t i = 0; i < m->n_copies; i++)
+        m->host->free_ (m->host, m->copies[i]);
+    if (m->copies) m->host->free_ (m->host, m->copies);
     if (m->layers) m->host->free_ (m->host, m->layers);
+    if (m->dp_cnt_h) m->host->free_ (m->host, m->dp_cnt_h);
     m->host->free_ (m->host, m);
 }
 
@@ -455,9 +545,11 @@ static int s_weights (struct ds_model *m, const struct rx_model_src *src, struct
         if ((rc = s_weight (m, src, DS_N ("attn_output.weight"), H * hv, E, 0, 0, &Y->wo, err))) return rc;
         if ((rc = s_vector (m, src, DS_N ("ffn_norm.weight"), E, 0, &Y->ffn_norm, err))) return rc;
         if (l < m->n_dense) {
-            if ((rc = s_weight (m, src, DS_N ("ffn_gate.weight"), E, m->n_ff, 0, 0, &Y->w_gate, err))) return rc;
-            if ((rc = s_weight (m, src, DS_N ("ffn_up.weight"), E, m->n_ff, 0, 0, &Y->w_up, err))) return rc;
-            if ((rc = s_weight (m, src, DS_N ("ffn_down.weight"), m->n_ff, E, 0, 0, &Y->w_down, err))) return rc;
+            /* DP attention: this rank's columns [f0, f1) (all of them on one rank). */
+            const int64_t F = m->n_ff, a0 = m->f0, a1 = m->f1;
+            if ((rc = s_weight_part (m, src, DS_N ("ffn_gate.weight"), E, F, 0, 0, 0, a0, a1, &Y->w_gate, err))) return rc;
+            if ((rc = s_weight_part (m, src, DS_N ("ffn_up.weight"), E, F, 0, 0, 0, a0, a1, &Y->w_up, err))) return rc;
+            if ((rc = s_weight_part (m, src, DS_N ("ffn_down.weight"), F, E, 0, 0, 1, a0, a1, &Y->w_down, err))) return rc;
         } else {
             if ((rc = s_weight (m, src, DS_N ("ffn_gate_inp.weight"), E, NX, 0, 0, &Y->w_gate_inp, err))) return rc;
             if ((rc = s_vector (m, src, DS_N ("exp_probs_b.bias"), NX, 1, &Y->probs_b, err))) return rc;
@@ -475,6 +567,33 @@ static int s_weights (struct ds_model *m, const struct rx_model_src *src, struct
     return RX_OK;
 }
 
+/* DP attention: this rank's dense FFN columns [f0, f1), split on
+ * ffn_down's quant blocks (the largest of the dense blocks) so that its
+ * column slice can be packed.  One rank: all of them. */
+static int s_split (struct ds_model *m, const struct rx_model_src *src, struct rx_err *err)
+{
+    const int32_t N = m->n_rank, r = m->rank;
+    m->f0 = 0;
+    m->f1 = m->n_ff;
+    if (N == 1 || m->n_dense == 0) return RX_OK;
+    size_t blk = 1;
+    for (int32_t l = 0; l < m->n_dense; l++) {
+        char n[96];
+        struct rx_weight_view v;
+        snprintf (n, sizeof n, "blk.%d.ffn_down.weight", (int) l);
+        if (src->tensor (src, n, &v) == RX_OK && rx_dtype_block (v.dtype) > blk)
+            blk = rx_dtype_block (v.dtype);
+    }
+    const int64_t nb = m->n_ff / (int64_t) blk;
+    if (nb < N)
+        return rx_err_set (err, RX_ENOTSUP,
+                           "%s: " DS_NAME ": DP attention: n_ff %d in blocks of %zu (ffn_down) cannot be split over %d ranks",
+                           src->path, m->n_ff, blk, N);
+    m->f0 = (int32_t) ((int64_t) r * nb / N * (int64_t) blk);
+    m->f1 = r + 1 == N ? m->n_ff : (int32_t) ((int64_t) (r + 1) * nb / N * (int64_t) blk);
+    return RX_OK;
+}
+
 static int s_create (const struct rx_host *host, const struct rx_model_src *src,
                      const struct rx_model_env *env, void **out, struct rx_err *err)
 {
@@ -484,10 +603,27 @@ static int s_create (const struct rx_host *host, const struct rx_model_src *src,
     if (src->struct_size < offsetof (struct rx_model_src, tensor) + sizeof src->tensor
         || env->struct_size < offsetof (struct rx_model_env, n_rank) + sizeof env->n_rank)
         return rx_err_set (err, RX_EABI, DS_NAME ": create: source or environment struct too short");
-    if (env->n_rank != 1 || env->rank != 0)
+    if (env->n_rank < 1 || env->rank < 0 || env->rank >= env->n_rank)
+        return rx_err_set (err, RX_EINVAL, DS_NAME ": create: rank %d of %d", env->rank, env->n_rank);
+    const int dp = env->n_rank > 1
+                   && env->struct_size >= offsetof (struct rx_model_env, dp_attn) + sizeof env->dp_attn
+                   && env->dp_attn;
+    if (env->n_rank > 1 && !dp)
         return rx_err_set (err, RX_ENOTSUP,
-                           "%s: " DS_NAME ": tensor parallelism is not supported yet (rank %d of %d): run deepseek2 with tp_size = 1",
+                           "%s: " DS_NAME ": tensor parallelism is not supported yet (rank %d of %d): run deepseek2 with tp_size = 1 or with DP attention",
                            src->path, env->rank, env->n_rank);
+    if (dp
+        && (env->struct_size < offsetof (struct rx_model_env, comm_inst) + sizeof env->comm_inst
+            || !env->comm || !env->comm_inst || !env->comm->all_gather || !env->comm->reduce_scatter))
+        return rx_err_set (err, RX_EINVAL,
+                           DS_NAME ": create: DP attention rank %d of %d without a comm instance with all_gather and reduce_scatter",
+                           env->rank, env->n_rank);
+    int32_t ep = env->struct_size >= offsetof (struct rx_model_env, ep_size) + sizeof env->ep_size
+                 && env->ep_size > 1 ? env->ep_size : 1;
+    if (ep > 1 && (!dp || ep != env->n_rank))
+        return rx_err_set (err, RX_EINVAL,
+                           "%s: " DS_NAME ": create: ep_size %d needs DP attention with ep_size = the %d ranks",
+                           src->path, ep, env->n_rank);
     const char *arch;
     size_t alen;
     if (src->get_str (src, "general.architecture", &arch, &alen) != RX_OK)
@@ -503,6 +639,19 @@ static int s_create (const struct rx_host *host, const struct rx_model_src *src,
     m->attn_ops = env->attn;
     m->path = src->path;
     memcpy (m->arch, arch, alen);
+    m->rank = env->rank;
+    m->n_rank = env->n_rank;
+    m->dp_attn = dp;
+    m->ep_size = ep;
+    if (dp) {
+        m->comm = env->comm;
+        m->comm_inst = env->comm_inst;
+        m->dp_cnt_h = s_zalloc (host, (size_t) env->n_rank * sizeof *m->dp_cnt_h);
+        if (!m->dp_cnt_h) {
+            s_destroy (m);
+            return rx_err_set (err, RX_ENOMEM, DS_NAME ": out of memory");
+        }
+    }
     if (env->struct_size >= offsetof (struct rx_model_env, moe_max_tokens) + sizeof env->moe_max_tokens
         && env->moe) {
         m->moe_ops = env->moe;
@@ -514,6 +663,11 @@ static int s_create (const struct rx_host *host, const struct rx_model_src *src,
         rc = rx_err_set (err, RX_ENOTSUP,
                          "%s: " DS_NAME ": a mixture-of-experts model needs a MoE dispatcher ([moe] dispatcher, e.g. local: moe-local.so) and the engine has none",
                          src->path);
+    if (rc == RX_OK && m->ep_size > 1 && m->n_dense < m->n_layer && m->ep_size > m->n_expert)
+        rc = rx_err_set (err, RX_ENOTSUP,
+                         "%s: " DS_NAME ": ep_size %d is more than the %d experts (each rank must own at least one)",
+                         src->path, m->ep_size, m->n_expert);
+    if (rc == RX_OK) rc = s_split (m, src, err);
     if (rc == RX_OK) rc = s_weights (m, src, err);
     if (rc == RX_OK) {
         struct rx_attn_config c = {
@@ -540,6 +694,9 @@ static int s_create (const struct rx_host *host, const struct rx_model_src *src,
              m->hd_k, m->hd_v, m->n_rot, m->n_expert, m->n_used, m->n_shared, m->n_ff_exp,
              m->gating == DS_GATE_SIGMOID ? "sigmoid" : "softmax", m->n_group, m->n_group_used,
              m->n_vocab);
+    if (m->dp_attn)
+        RX_HLOG (host, RX_LOG_DEBUG, "%s: DP-attention rank %d of %d: dense FFN columns %d..%d, ep_size %d",
+                 src->path, m->rank, m->n_rank, m->f0, m->f1 - 1, m->ep_size);
     *out = m;
     return RX_OK;
 }
@@ -605,15 +762,20 @@ static int s_reserve (void *p, uint64_t n_slots, int32_t max_tokens, struct rx_e
     if ((size_t) m->n_ff_exp * (size_t) m->n_shared > ffw) ffw = (size_t) m->n_ff_exp * (size_t) m->n_shared;
     size_t ffn_elems = T * ffw;
     if (T * K * (size_t) m->n_ff_exp > ffn_elems) ffn_elems = T * K * (size_t) m->n_ff_exp;
+    /* DP attention: the dense FFN slice runs over the rows of every rank
+     * (N*T) from dp_g into dp_d; dp_cnt holds the ranks' row counts. */
+    const size_t DN = m->dp_attn ? (size_t) m->n_rank : 0;
+    if (DN * T * (size_t) (m->f1 - m->f0) > ffn_elems) ffn_elems = DN * T * (size_t) (m->f1 - m->f0);
 #define DS_R(n) (((n) + 15) & ~(size_t) 15)
-    size_t sizes[12] = {
+    size_t sizes[15] = {
         DS_R (T * E), DS_R (T * E), DS_R (T * (size_t) (m->q_lora > 0 ? m->q_lora : 1)),
         DS_R (T * H * m->hd_k), DS_R (T * (size_t) (m->kv_lora + m->n_rot)), DS_R (T * H * m->hd_v),
         DS_R (ffn_elems), DS_R (ffn_elems), DS_R (T * E), DS_R (T * NX), DS_R (T * NX), DS_R (T * K),
+        DS_R (DN * T * E), DS_R (DN * T * E), DS_R (DN),
     };
 #undef DS_R
     size_t total = 0;
-    for (int i = 0; i < 12; i++) total += sizes[i];
+    for (int i = 0; i < 15; i++) total += sizes[i];
     void *mem;
     rc = m->k.ops->alloc (m->k.be, total * sizeof (float), 64, &mem, err);
     if (rc != RX_OK)
@@ -621,13 +783,19 @@ static int s_reserve (void *p, uint64_t n_slots, int32_t max_tokens, struct rx_e
                            (double) total * 4 / (1024.0 * 1024.0), max_tokens);
     m->f32_mem = mem;
     float *f = mem;
-    float **bufs[12] = { &m->x, &m->h, &m->qa, &m->q, &m->kv, &m->att, &m->gate, &m->up, &m->hout,
-                         &m->probs, &m->sel, &m->wts };
-    for (int i = 0; i < 12; i++) {
+    float *cnt = NULL;
+    float **bufs[15] = { &m->x, &m->h, &m->qa, &m->q, &m->kv, &m->att, &m->gate, &m->up, &m->hout,
+                         &m->probs, &m->sel, &m->wts, &m->dp_g, &m->dp_d, &cnt };
+    for (int i = 0; i < 15; i++) {
         *bufs[i] = f;
         f += sizes[i];
     }
+    m->dp_cnt = (int32_t *) cnt;
     m->max_tokens = max_tokens;
+    /* DP attention: the padding rows of a gathered block are never written
+     * by this rank; zero them once so no uninitialized value is read. */
+    if (m->dp_attn && (rc = m->k.ops->memset_ (m->k.be, m->k.stream, mem, 0, total * sizeof (float), err)) != RX_OK)
+        goto fail;
     void *d;
     if ((rc = m->k.ops->alloc (m->k.be, T * K * sizeof (int32_t), 0, &d, err)) != RX_OK) goto fail;
     m->d_topk = d;
@@ -643,8 +811,9 @@ static int s_reserve (void *p, uint64_t n_slots, int32_t max_tokens, struct rx_e
     if (m->moe_ops && m->n_dense < m->n_layer) {
         struct rx_moe_config mc = {
             .struct_size = sizeof mc, .n_expert = m->n_expert, .n_expert_used = m->n_used,
-            .n_embd = m->n_embd, .max_tokens = m->moe_chunk, .ep_rank = 0, .ep_size = 1,
-            .kops = m->k.ops, .kbe = m->k.be, .stream = m->k.stream,
+            .n_embd = m->n_embd, .max_tokens = m->moe_chunk, .ep_rank = m->ep_size > 1 ? m->rank : 0,
+            .ep_size = m->ep_size, .kops = m->k.ops, .kbe = m->k.be, .stream = m->k.stream,
+            .comm = m->ep_size > 1 ? m->comm : NULL, .comm_inst = m->ep_size > 1 ? m->comm_inst : NULL,
         };
         if ((rc = m->moe_ops->create (m->moe_host, &mc, &m->moe, err)) != RX_OK) {
             m->moe = NULL;
@@ -663,7 +832,7 @@ fail:
 static int s_check_batch (const struct ds_model *m, const struct rx_model_batch *b,
                           struct rx_err *err)
 {
-    return rx_model_batch_check (DS_NAME, b, m->max_tokens, m->n_vocab, m->n_slots, 0, err);
+    return rx_model_batch_check (DS_NAME, b, m->max_tokens, m->n_vocab, m->n_slots, m->dp_attn, err);
 }
 
 #define DS_TRY(expr) do { int rc_ = (expr); if (rc_ != RX_OK) return rc_; } while (0)
@@ -723,70 +892,80 @@ static void s_route_host (const struct ds_model *m, size_t n, const float *sel_h
     }
 }
 
-/* x += MoE(h) for the n rows of h (see the header comment). */
-static int s_moe (struct ds_model *m, const struct ds_layer *Y, size_t n, struct rx_err *err)
+/* x += MoE(h) for the n rows of h (see the header comment).  group_rows:
+ * the DP group's largest row count (every rank makes the same number of
+ * dispatch / combine calls; n may be 0, an idle rank), else n. */
+static int s_moe (struct ds_model *m, const struct ds_layer *Y, size_t n, size_t group_rows,
+                  struct rx_err *err)
 {
     const struct rx_kernels_ops *K = m->k.ops;
     void *be = m->k.be;
     rx_kstream_t *st = m->k.stream;
     const size_t E = (size_t) m->n_embd, NX = (size_t) m->n_expert, KK = (size_t) m->n_used,
-                 FE = (size_t) m->n_ff_exp;
-    /* router: scores (unbiased) in probs, selection scores in sel */
-    DS_TRY (K->matmul (be, st, Y->w_gate_inp, -1, m->h, E, m->probs, NX, n, 0, err));
-    if (m->gating == DS_GATE_SIGMOID)
-        DS_TRY (K->sigmoid (be, st, m->probs, NX, m->probs, NX, n, NX, err));
-    else
-        DS_TRY (K->softmax (be, st, m->probs, NX, n, NX, 1.0f, err));
-    const float *sel = m->probs;
-    if (Y->probs_b) {
-        DS_TRY (K->add (be, st, m->probs, NX, Y->probs_b, 0, m->sel, NX, n, NX, err));
-        sel = m->sel;
-    }
-    const int groups = m->n_group > 1;
-    DS_TRY (K->copy_d2h (be, st, m->h_probs, m->probs, n * NX * sizeof (float), err));
-    float *sel_h = NULL;
-    if (groups) {
-        /* Group-limited selection on the host: it needs the biased
-         * selection scores too. */
-        sel_h = m->host->alloc (m->host, n * NX * sizeof (float), 64);
-        if (!sel_h) return rx_err_set (err, RX_ENOMEM, DS_NAME ": out of memory (expert groups)");
-        int rc = K->copy_d2h (be, st, sel_h, sel, n * NX * sizeof (float), err);
-        if (rc == RX_OK) rc = K->synchronize (be, st, err);
-        if (rc != RX_OK) {
-            m->host->free_ (m->host, sel_h);
-            return rc;
+                 FE = (size_t) m->n_ff_exp, PR = (size_t) m->max_tokens * KK;
+    if (n > 0) {
+        /* router: scores (unbiased) in probs, selection scores in sel */
+        DS_TRY (K->matmul (be, st, Y->w_gate_inp, -1, m->h, E, m->probs, NX, n, 0, err));
+        if (m->gating == DS_GATE_SIGMOID)
+            DS_TRY (K->sigmoid (be, st, m->probs, NX, m->probs, NX, n, NX, err));
+        else
+            DS_TRY (K->softmax (be, st, m->probs, NX, n, NX, 1.0f, err));
+        const float *sel = m->probs;
+        if (Y->probs_b) {
+            DS_TRY (K->add (be, st, m->probs, NX, Y->probs_b, 0, m->sel, NX, n, NX, err));
+            sel = m->sel;
         }
-        s_route_host (m, n, sel_h, 1);
-        m->host->free_ (m->host, sel_h);
-        DS_TRY (K->copy_h2d (be, st, m->d_topk, m->h_topk, n * KK * sizeof (int32_t), err));
-    } else {
-        DS_TRY (K->topk (be, st, sel, NX, n, NX, KK, NULL, m->d_topk, err));
-        DS_TRY (K->copy_d2h (be, st, m->h_topk, m->d_topk, n * KK * sizeof (int32_t), err));
-        DS_TRY (K->synchronize (be, st, err));
-        s_route_host (m, n, NULL, 0);
+        const int groups = m->n_group > 1;
+        DS_TRY (K->copy_d2h (be, st, m->h_probs, m->probs, n * NX * sizeof (float), err));
+        float *sel_h = NULL;
+        if (groups) {
+            /* Group-limited selection on the host: it needs the biased
+             * selection scores too. */
+            sel_h = m->host->alloc (m->host, n * NX * sizeof (float), 64);
+            if (!sel_h) return rx_err_set (err, RX_ENOMEM, DS_NAME ": out of memory (expert groups)");
+            int rc = K->copy_d2h (be, st, sel_h, sel, n * NX * sizeof (float), err);
+            if (rc == RX_OK) rc = K->synchronize (be, st, err);
+            if (rc != RX_OK) {
+                m->host->free_ (m->host, sel_h);
+                return rc;
+            }
+            s_route_host (m, n, sel_h, 1);
+            m->host->free_ (m->host, sel_h);
+            DS_TRY (K->copy_h2d (be, st, m->d_topk, m->h_topk, n * KK * sizeof (int32_t), err));
+        } else {
+            DS_TRY (K->topk (be, st, sel, NX, n, NX, KK, NULL, m->d_topk, err));
+            DS_TRY (K->copy_d2h (be, st, m->h_topk, m->d_topk, n * KK * sizeof (int32_t), err));
+            DS_TRY (K->synchronize (be, st, err));
+            s_route_host (m, n, NULL, 0);
+        }
+        DS_TRY (K->copy_h2d (be, st, m->wts, m->h_wts, n * KK * sizeof (float), err));
     }
-    DS_TRY (K->copy_h2d (be, st, m->wts, m->h_wts, n * KK * sizeof (float), err));
 
     /* The routed experts through the dispatcher, in chunks of at most
      * its max_tokens rows ([moe] max_tokens_per_rank). */
-    for (size_t c0 = 0; c0 < n; c0 += (size_t) m->moe_chunk) {
-        const size_t nc = n - c0 < (size_t) m->moe_chunk ? n - c0 : (size_t) m->moe_chunk;
+    for (size_t c0 = 0; c0 < group_rows; c0 += (size_t) m->moe_chunk) {
+        /* nc 0: this rank has no rows left but a peer has (DP attention). */
+        const size_t nc = c0 >= n ? 0 : n - c0 < (size_t) m->moe_chunk ? n - c0 : (size_t) m->moe_chunk;
         struct rx_moe_routed r = { .struct_size = sizeof r };
         DS_TRY (m->moe_ops->dispatch (m->moe, m->h + c0 * E, E, (int32_t) nc, m->d_topk + c0 * KK,
                                       m->wts + c0 * KK, &r, err));
         for (int32_t e = 0; e < r.n_local_expert; e++) {
-            size_t r0 = (size_t) r.offsets[e], nr = (size_t) (r.offsets[e + 1] - r.offsets[e]);
-            if (nr == 0) continue;
             int ge = r.first_expert + e;
-            const float *xr = r.x + r0 * E;
-            DS_TRY (K->matmul (be, st, Y->w_gate_exps, ge, xr, E, m->gate, FE, nr, 0, err));
-            DS_TRY (K->matmul (be, st, Y->w_up_exps, ge, xr, E, m->up, FE, nr, 0, err));
-            DS_TRY (K->swiglu (be, st, m->gate, FE, m->up, FE, m->gate, FE, nr, FE, err));
-            DS_TRY (K->matmul (be, st, Y->w_down_exps, ge, m->gate, FE, r.y + r0 * E, E, nr, 0, err));
+            /* gate/up hold T*K rows: an expert with more (rows from every
+             * rank of an expert-parallel group) runs in pieces. */
+            for (size_t r0 = (size_t) r.offsets[e]; r0 < (size_t) r.offsets[e + 1]; r0 += PR) {
+                const size_t left = (size_t) r.offsets[e + 1] - r0, nr = left < PR ? left : PR;
+                const float *xr = r.x + r0 * E;
+                DS_TRY (K->matmul (be, st, Y->w_gate_exps, ge, xr, E, m->gate, FE, nr, 0, err));
+                DS_TRY (K->matmul (be, st, Y->w_up_exps, ge, xr, E, m->up, FE, nr, 0, err));
+                DS_TRY (K->swiglu (be, st, m->gate, FE, m->up, FE, m->gate, FE, nr, FE, err));
+                DS_TRY (K->matmul (be, st, Y->w_down_exps, ge, m->gate, FE, r.y + r0 * E, E, nr, 0, err));
+            }
         }
         DS_TRY (m->moe_ops->combine (m->moe, m->x + c0 * E, E, RX_MM_ACCUMULATE, err));
     }
-    if (m->n_shared > 0) {
+    /* The shared experts: this rank's own rows, not split. */
+    if (m->n_shared > 0 && n > 0) {
         const size_t FS = FE * (size_t) m->n_shared;
         DS_TRY (K->matmul (be, st, Y->w_gate_sh, -1, m->h, E, m->gate, FS, n, 0, err));
         DS_TRY (K->matmul (be, st, Y->w_up_sh, -1, m->h, E, m->up, FS, n, 0, err));
@@ -796,10 +975,80 @@ static int s_moe (struct ds_model *m, const struct ds_layer *Y, size_t n, struct
     return RX_OK;
 }
 
+/* DP attention: all-gather the ranks' row counts (n = -1: this rank's
+ * batch was refused, so that every rank fails at once instead of waiting
+ * in the first layer's collective).  *M = the largest count. */
+static int s_dp_counts (struct ds_model *m, int32_t n, int32_t *M, struct rx_err *err)
+{
+    const struct rx_kernels_ops *K = m->k.ops;
+    const size_t N = (size_t) m->n_rank;
+    DS_TRY (K->copy_h2d (m->k.be, m->k.stream, m->dp_cnt + m->rank, &n, sizeof n, err));
+    DS_TRY (m->comm->all_gather (m->comm_inst, m->k.stream, m->dp_cnt + m->rank, m->dp_cnt, 1,
+                                 RX_I32, err));
+    DS_TRY (K->copy_d2h (m->k.be, m->k.stream, m->dp_cnt_h, m->dp_cnt, N * sizeof (int32_t), err));
+    /* The shapes of every later collective depend on the counts. */
+    DS_TRY (K->synchronize (m->k.be, m->k.stream, err));
+    int32_t mx = 0;
+    for (size_t r = 0; r < N; r++) {
+        if (m->dp_cnt_h[r] < 0 && (int32_t) r != m->rank)
+            return rx_err_set (err, RX_EIO, DS_NAME ": DP attention: rank %zu refused its batch (see its log); rank %d stops this step too",
+                               r, m->rank);
+        if (m->dp_cnt_h[r] > mx) mx = m->dp_cnt_h[r];
+    }
+    if (mx > m->max_tokens)
+        return rx_err_set (err, RX_EINVAL, DS_NAME ": DP attention: a rank has %d tokens, more than this rank's max_tokens %d (every rank must reserve the same)",
+                           mx, m->max_tokens);
+    *M = mx;
+    return RX_OK;
+}
+
+/* DP attention: x += FFN(rms_norm(x)) of a dense block for this rank's n
+ * rows (n may be 0, an idle rank), the FFN columns split over the ranks:
+ * each rank's rows padded to M are gathered into dp_g ([N*M][E]), this
+ * rank's slice runs over all N*M rows into dp_d, and the reduce-scatter
+ * hands each rank the summed output of its own block. */
+static int s_dp_ffn (struct ds_model *m, const struct ds_layer *Y, size_t n, size_t M,
+                     struct rx_err *err)
+{
+    const struct rx_kernels_ops *K = m->k.ops;
+    void *be = m->k.be;
+    rx_kstream_t *st = m->k.stream;
+    const size_t E = (size_t) m->n_embd, F = (size_t) (m->f1 - m->f0), R = (size_t) m->n_rank * M;
+    float *mine = m->dp_g + (size_t) m->rank * M * E;
+    if (n > 0) DS_TRY (K->rms_norm (be, st, m->x, E, Y->ffn_norm, mine, E, n, E, m->eps, err));
+    DS_TRY (m->comm->all_gather (m->comm_inst, st, mine, m->dp_g, M * E, RX_F32, err));
+    DS_TRY (K->matmul (be, st, Y->w_gate, -1, m->dp_g, E, m->gate, F, R, 0, err));
+    DS_TRY (K->matmul (be, st, Y->w_up, -1, m->dp_g, E, m->up, F, R, 0, err));
+    DS_TRY (K->swiglu (be, st, m->gate, F, m->up, F, m->gate, F, R, F, err));
+    DS_TRY (K->matmul (be, st, Y->w_down, -1, m->gate, F, m->dp_d, E, R, 0, err));
+    DS_TRY (m->comm->reduce_scatter (m->comm_inst, st, m->dp_d, m->hout, M * E, RX_F32,
+                                     RX_COMM_SUM, err));
+    if (n > 0) DS_TRY (K->add (be, st, m->x, E, m->hout, E, m->x, E, n, E, err));
+    return RX_OK;
+}
+
 static int s_forward (void *p, const struct rx_model_batch *b, struct rx_err *err)
 {
     struct ds_model *m = p;
-    DS_TRY (s_check_batch (m, b, err));
+    int rc = s_check_batch (m, b, err);
+    int32_t M = 0;
+    if (m->dp_attn && m->max_tokens > 0) {
+        /* Every rank takes part in the count exchange, a refused batch
+         * included (as -1), so the group fails together. */
+        struct rx_err e2 = { 0 };
+        int rc2 = s_dp_counts (m, rc == RX_OK && b ? b->n_tokens : -1, &M, rc == RX_OK ? err : &e2);
+        if (rc == RX_OK) rc = rc2;
+    }
+    if (rc != RX_OK) return rc;
+    if (b->n_tokens == 0) {
+        /* Idle (DP attention): only the FFN collectives of every layer, and
+         * none at all when every rank is idle. */
+        for (int32_t l = 0; l < m->n_layer && M > 0; l++) {
+            if (m->layers[l].w_gate) DS_TRY (s_dp_ffn (m, &m->layers[l], 0, (size_t) M, err));
+            else DS_TRY (s_moe (m, &m->layers[l], 0, (size_t) M, err));
+        }
+        return RX_OK;
+    }
     const struct rx_kernels_ops *K = m->k.ops;
     void *be = m->k.be;
     rx_kstream_t *st = m->k.stream;
@@ -858,14 +1107,17 @@ static int s_forward (void *p, const struct rx_model_batch *b, struct rx_err *er
         };
         DS_TRY (m->attn_ops->forward (m->attn, l, &ab, d_new, &io, err));
         DS_TRY (K->matmul (be, st, Y->wo, -1, m->att, od, m->x, E, nn, RX_MM_ACCUMULATE, err));
-        DS_TRY (K->rms_norm (be, st, m->x, E, Y->ffn_norm, m->h, E, nn, E, m->eps, err));
-        if (Y->w_gate) {
+        if (m->dp_attn && Y->w_gate) {
+            DS_TRY (s_dp_ffn (m, Y, nn, (size_t) M, err));
+        } else if (Y->w_gate) {
+            DS_TRY (K->rms_norm (be, st, m->x, E, Y->ffn_norm, m->h, E, nn, E, m->eps, err));
             DS_TRY (K->matmul (be, st, Y->w_gate, -1, m->h, E, m->gate, F, nn, 0, err));
             DS_TRY (K->matmul (be, st, Y->w_up, -1, m->h, E, m->up, F, nn, 0, err));
             DS_TRY (K->swiglu (be, st, m->gate, F, m->up, F, m->gate, F, nn, F, err));
             DS_TRY (K->matmul (be, st, Y->w_down, -1, m->gate, F, m->x, E, nn, RX_MM_ACCUMULATE, err));
         } else {
-            DS_TRY (s_moe (m, Y, nn, err));
+            DS_TRY (K->rms_norm (be, st, m->x, E, Y->ffn_norm, m->h, E, nn, E, m->eps, err));
+            DS_TRY (s_moe (m, Y, nn, m->dp_attn ? (size_t) M : nn, err));
         }
         if (RX_HAS (struct rx_host, m->host, progress)) m->host->progress (m->host);
     }
