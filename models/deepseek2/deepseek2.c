@@ -75,6 +75,7 @@
 #include <radix/plugin.h>
 
 #include "../batch_check.h"
+#include "../dp_ffn.h"
 
 #define DS_MAX_LAYERS 1024
 #define DS_MAX_DIM    (1 << 20)
@@ -978,28 +979,21 @@ static int s_moe (struct ds_model *m, const struct ds_layer *Y, size_t n, size_t
 /* DP attention: all-gather the ranks' row counts (n = -1: this rank's
  * batch was refused, so that every rank fails at once instead of waiting
  * in the first layer's collective).  *M = the largest count. */
+/* The DP-attention view of this model for models/dp_ffn.h. */
+static struct rx_dp_ffn s_dp_view (const struct ds_model *m)
+{
+    return (struct rx_dp_ffn) {
+        .who = DS_NAME, .k = m->k, .comm = m->comm, .comm_inst = m->comm_inst,
+        .rank = m->rank, .n_rank = m->n_rank, .max_tokens = m->max_tokens, .cnt = m->dp_cnt,
+        .cnt_h = m->dp_cnt_h, .x = m->x, .g = m->dp_g, .d = m->dp_d, .gate = m->gate, .up = m->up,
+        .hout = m->hout, .E = (size_t) m->n_embd, .F = (size_t) (m->f1 - m->f0), .eps = m->eps,
+    };
+}
+
 static int s_dp_counts (struct ds_model *m, int32_t n, int32_t *M, struct rx_err *err)
 {
-    const struct rx_kernels_ops *K = m->k.ops;
-    const size_t N = (size_t) m->n_rank;
-    DS_TRY (K->copy_h2d (m->k.be, m->k.stream, m->dp_cnt + m->rank, &n, sizeof n, err));
-    DS_TRY (m->comm->all_gather (m->comm_inst, m->k.stream, m->dp_cnt + m->rank, m->dp_cnt, 1,
-                                 RX_I32, err));
-    DS_TRY (K->copy_d2h (m->k.be, m->k.stream, m->dp_cnt_h, m->dp_cnt, N * sizeof (int32_t), err));
-    /* The shapes of every later collective depend on the counts. */
-    DS_TRY (K->synchronize (m->k.be, m->k.stream, err));
-    int32_t mx = 0;
-    for (size_t r = 0; r < N; r++) {
-        if (m->dp_cnt_h[r] < 0 && (int32_t) r != m->rank)
-            return rx_err_set (err, RX_EIO, DS_NAME ": DP attention: rank %zu refused its batch (see its log); rank %d stops this step too",
-                               r, m->rank);
-        if (m->dp_cnt_h[r] > mx) mx = m->dp_cnt_h[r];
-    }
-    if (mx > m->max_tokens)
-        return rx_err_set (err, RX_EINVAL, DS_NAME ": DP attention: a rank has %d tokens, more than this rank's max_tokens %d (every rank must reserve the same)",
-                           mx, m->max_tokens);
-    *M = mx;
-    return RX_OK;
+    struct rx_dp_ffn v = s_dp_view (m);
+    return rx_dp_counts (&v, n, M, err);
 }
 
 /* DP attention: x += FFN(rms_norm(x)) of a dense block for this rank's n
@@ -1010,21 +1004,8 @@ static int s_dp_counts (struct ds_model *m, int32_t n, int32_t *M, struct rx_err
 static int s_dp_ffn (struct ds_model *m, const struct ds_layer *Y, size_t n, size_t M,
                      struct rx_err *err)
 {
-    const struct rx_kernels_ops *K = m->k.ops;
-    void *be = m->k.be;
-    rx_kstream_t *st = m->k.stream;
-    const size_t E = (size_t) m->n_embd, F = (size_t) (m->f1 - m->f0), R = (size_t) m->n_rank * M;
-    float *mine = m->dp_g + (size_t) m->rank * M * E;
-    if (n > 0) DS_TRY (K->rms_norm (be, st, m->x, E, Y->ffn_norm, mine, E, n, E, m->eps, err));
-    DS_TRY (m->comm->all_gather (m->comm_inst, st, mine, m->dp_g, M * E, RX_F32, err));
-    DS_TRY (K->matmul (be, st, Y->w_gate, -1, m->dp_g, E, m->gate, F, R, 0, err));
-    DS_TRY (K->matmul (be, st, Y->w_up, -1, m->dp_g, E, m->up, F, R, 0, err));
-    DS_TRY (K->swiglu (be, st, m->gate, F, m->up, F, m->gate, F, R, F, err));
-    DS_TRY (K->matmul (be, st, Y->w_down, -1, m->gate, F, m->dp_d, E, R, 0, err));
-    DS_TRY (m->comm->reduce_scatter (m->comm_inst, st, m->dp_d, m->hout, M * E, RX_F32,
-                                     RX_COMM_SUM, err));
-    if (n > 0) DS_TRY (K->add (be, st, m->x, E, m->hout, E, m->x, E, n, E, err));
-    return RX_OK;
+    struct rx_dp_ffn v = s_dp_view (m);
+    return rx_dp_ffn (&v, Y->ffn_norm, Y->w_gate, Y->w_up, Y->w_down, n, M, err);
 }
 
 static int s_forward (void *p, const struct rx_model_batch *b, struct rx_err *err)
