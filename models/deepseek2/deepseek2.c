@@ -74,7 +74,7 @@
 #include <radix/moe.h>
 #include <radix/plugin.h>
 
-#include "../batch_check.h"
+#include "../batch.h"
 #include "../dp_ffn.h"
 
 #define DS_MAX_LAYERS 1024
@@ -141,8 +141,7 @@ struct ds_model {
     int32_t max_tokens;
     float *x, *h, *qa, *q, *kv, *att, *gate, *up, *hout, *probs, *sel, *wts;
     void *f32_mem;
-    int32_t *ih, *idev;                          /* int32 staging (see s_forward) */
-    size_t cap_slots;
+    struct rx_model_stage stage;                 /* the batch's index arrays (models/batch.h) */
     int32_t *d_topk;                             /* device [T][n_used] */
     float *h_probs;                              /* host [T][n_expert] */
     int32_t *h_topk;                             /* host [T][n_used] */
@@ -350,25 +349,23 @@ static int s_vector (struct ds_model *m, const struct rx_model_src *src, const c
 
 static void s_free_scratch (struct ds_model *m)
 {
-    if (m->f32_mem || m->idev || m->d_topk)
+    if (m->f32_mem || m->stage.dev || m->d_topk)
         m->k.ops->synchronize (m->k.be, m->k.stream, NULL);
     if (m->moe) m->moe_ops->destroy (m->moe);
     m->moe = NULL;
     if (m->f32_mem) m->k.ops->free_ (m->k.be, m->f32_mem);
-    if (m->idev) m->k.ops->free_ (m->k.be, m->idev);
+    rx_model_stage_free (&m->stage, m->host, &m->k);
     if (m->d_topk) m->k.ops->free_ (m->k.be, m->d_topk);
-    if (m->ih) m->host->free_ (m->host, m->ih);
     if (m->h_probs) m->host->free_ (m->host, m->h_probs);
     if (m->h_topk) m->host->free_ (m->host, m->h_topk);
     if (m->h_wts) m->host->free_ (m->host, m->h_wts);
     m->f32_mem = NULL;
-    m->idev = m->ih = m->d_topk = m->h_topk = NULL;
+    m->d_topk = m->h_topk = NULL;
     m->h_probs = m->h_wts = NULL;
     m->x = m->h = m->qa = m->q = m->kv = m->att = m->gate = m->up = m->hout = NULL;
     m->probs = m->sel = m->wts = m->dp_g = m->dp_d = NULL;
     m->dp_cnt = NULL;
     m->max_tokens = 0;
-    m->cap_slots = 0;
 }
 
 static void s_destroy (void *p)
@@ -717,34 +714,6 @@ static int s_info (void *p, struct rx_model_info *info)
     return RX_OK;
 }
 
-static size_t s_int_count (int32_t T, size_t cap_slots)
-{
-    return 3 * (size_t) T + 2 * ((size_t) T + 1) + cap_slots;
-}
-
-static int s_alloc_ints (struct ds_model *m, size_t cap_slots, struct rx_err *err)
-{
-    size_t n = s_int_count (m->max_tokens, cap_slots);
-    if (m->idev) {
-        m->k.ops->synchronize (m->k.be, m->k.stream, NULL);
-        m->k.ops->free_ (m->k.be, m->idev);
-        m->idev = NULL;
-    }
-    if (m->ih) {
-        m->host->free_ (m->host, m->ih);
-        m->ih = NULL;
-    }
-    m->cap_slots = 0;
-    void *d;
-    int rc = m->k.ops->alloc (m->k.be, n * sizeof (int32_t), 0, &d, err);
-    if (rc != RX_OK) return rc;
-    m->idev = d;
-    m->ih = m->host->alloc (m->host, n * sizeof (int32_t), 64);
-    if (!m->ih) return rx_err_set (err, RX_ENOMEM, DS_NAME ": out of memory (staging)");
-    m->cap_slots = cap_slots;
-    return RX_OK;
-}
-
 static int s_reserve (void *p, uint64_t n_slots, int32_t max_tokens, struct rx_err *err)
 {
     struct ds_model *m = p;
@@ -807,7 +776,9 @@ static int s_reserve (void *p, uint64_t n_slots, int32_t max_tokens, struct rx_e
         rc = rx_err_set (err, RX_ENOMEM, DS_NAME ": out of memory (router staging)");
         goto fail;
     }
-    if ((rc = s_alloc_ints (m, (size_t) n_slots + T, err)) != RX_OK) goto fail;
+    if ((rc = rx_model_stage_alloc (&m->stage, m->host, &m->k, max_tokens, (size_t) n_slots + T, DS_NAME,
+                                    err)) != RX_OK)
+        goto fail;
     m->moe_chunk = m->moe_max_tokens > 0 && m->moe_max_tokens < max_tokens ? m->moe_max_tokens : max_tokens;
     if (m->moe_ops && m->n_dense < m->n_layer) {
         struct rx_moe_config mc = {
@@ -1034,30 +1005,12 @@ static int s_forward (void *p, const struct rx_model_batch *b, struct rx_err *er
     void *be = m->k.be;
     rx_kstream_t *st = m->k.stream;
     const int32_t n = b->n_tokens, T = m->max_tokens;
-    const size_t total = (size_t) b->kv_start[b->n_seq];
-    if (total > m->cap_slots) {
-        size_t cap = m->cap_slots * 2 > total ? m->cap_slots * 2 : total;
-        DS_TRY (s_alloc_ints (m, cap, err));
-    }
-    /* Stage every index array in one host block, upload it at once:
-     * tokens[T] pos[T] new_slots[T] q_start[T+1] kv_start[T+1] kv_slots[cap]. */
-    int32_t *h_tok = m->ih, *h_pos = h_tok + T, *h_new = h_pos + T, *h_qs = h_new + T,
-            *h_ks = h_qs + T + 1, *h_slots = h_ks + T + 1;
-    memcpy (h_tok, b->tokens, (size_t) n * sizeof *h_tok);
-    memcpy (h_pos, b->pos, (size_t) n * sizeof *h_pos);
-    memcpy (h_qs, b->q_start, ((size_t) b->n_seq + 1) * sizeof *h_qs);
-    memcpy (h_ks, b->kv_start, ((size_t) b->n_seq + 1) * sizeof *h_ks);
-    memcpy (h_slots, b->kv_slots, total * sizeof *h_slots);
-    for (int32_t s = 0; s < b->n_seq; s++)
-        for (int32_t t = b->q_start[s]; t < b->q_start[s + 1]; t++)
-            h_new[t] = b->kv_slots[b->kv_start[s] + b->pos[t]];
-    size_t bytes = (size_t) ((h_slots + total) - h_tok) * sizeof (int32_t);
-    DS_TRY (K->copy_h2d (be, st, m->idev, m->ih, bytes, err));
-    const int32_t *d_tok = m->idev, *d_pos = d_tok + T, *d_new = d_pos + T, *d_qs = d_new + T,
-                  *d_ks = d_qs + T + 1, *d_slots = d_ks + T + 1;
+    struct rx_model_batch_dev dv;
+    DS_TRY (rx_model_stage_upload (&m->stage, m->host, &m->k, T, b, DS_NAME, &dv, err));
+    const int32_t *d_tok = dv.tokens, *d_pos = dv.pos, *d_new = dv.new_slots;
     const struct rx_attn_batch ab = {
-        .n_seq = b->n_seq, .n_tokens = n, .q_start = d_qs, .kv_start = d_ks,
-        .slots = d_slots, .q_pos = d_pos,
+        .n_seq = b->n_seq, .n_tokens = n, .q_start = dv.q_start, .kv_start = dv.kv_start,
+        .slots = dv.kv_slots, .q_pos = d_pos,
     };
     if (RX_HAS (struct rx_attn_ops, m->attn_ops, prepare) && m->attn_ops->prepare)
         DS_TRY (m->attn_ops->prepare (m->attn, &ab, err));

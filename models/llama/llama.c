@@ -76,7 +76,7 @@
 #include <radix/moe.h>
 #include <radix/plugin.h>
 
-#include "../batch_check.h"
+#include "../batch.h"
 #include "../dp_ffn.h"
 
 #define LL_MAX_LAYERS 1024
@@ -155,11 +155,7 @@ struct ll_model {
     float *router, *topw;                        /* MoE: [T][n_expert], [T][k] */
     int32_t *topi;                               /* MoE: [T][k] expert ids (device) */
     void *f32_mem;                               /* one allocation for the above */
-    /* int32 staging: host copy and device copy, same layout:
-     * tokens[T] pos[T] new_slots[T] q_start[T+1] kv_start[T+1] kv_slots[cap_slots] */
-    int32_t *ih;
-    int32_t *idev;
-    size_t cap_slots;
+    struct rx_model_stage stage;                 /* the batch's index arrays (models/batch.h) */
 };
 
 /* ------------------------------------------------------------ helpers -- */
@@ -417,24 +413,20 @@ static int s_vector (struct ll_model *m, const struct rx_model_src *src, const c
 
 static void s_free_scratch (struct ll_model *m)
 {
-    if (m->f32_mem || m->idev || m->moe)
+    if (m->f32_mem || m->stage.dev || m->moe)
         m->k.ops->synchronize (m->k.be, m->k.stream, NULL);
     if (m->moe) m->moe_ops->destroy (m->moe);
     m->moe = NULL;
     m->moe_chunk = 0;
     if (m->f32_mem) m->k.ops->free_ (m->k.be, m->f32_mem);
-    if (m->idev) m->k.ops->free_ (m->k.be, m->idev);
-    if (m->ih) m->host->free_ (m->host, m->ih);
+    rx_model_stage_free (&m->stage, m->host, &m->k);
     m->f32_mem = NULL;
-    m->idev = NULL;
-    m->ih = NULL;
     m->x = m->h = m->q = m->kk = m->v = m->att = m->gate = m->up = m->hout = NULL;
     m->router = m->topw = NULL;
     m->topi = NULL;
     m->dp_g = m->dp_d = NULL;
     m->dp_cnt = NULL;
     m->max_tokens = 0;
-    m->cap_slots = 0;
 }
 
 static void s_destroy (void *p)
@@ -808,35 +800,6 @@ static int s_info (void *p, struct rx_model_info *info)
     return RX_OK;
 }
 
-/* Lay out the int32 staging area for cap_slots KV slot entries. */
-static size_t s_int_count (int32_t T, size_t cap_slots)
-{
-    return 3 * (size_t) T + 2 * ((size_t) T + 1) + cap_slots;
-}
-
-static int s_alloc_ints (struct ll_model *m, size_t cap_slots, struct rx_err *err)
-{
-    size_t n = s_int_count (m->max_tokens, cap_slots);
-    if (m->idev) {
-        m->k.ops->synchronize (m->k.be, m->k.stream, NULL);
-        m->k.ops->free_ (m->k.be, m->idev);
-        m->idev = NULL;
-    }
-    if (m->ih) {
-        m->host->free_ (m->host, m->ih);
-        m->ih = NULL;
-    }
-    m->cap_slots = 0;
-    void *d;
-    int rc = m->k.ops->alloc (m->k.be, n * sizeof (int32_t), 0, &d, err);
-    if (rc != RX_OK) return rc;
-    m->idev = d;
-    m->ih = m->host->alloc (m->host, n * sizeof (int32_t), 64);
-    if (!m->ih) return rx_err_set (err, RX_ENOMEM, "model-llama: out of memory (staging)");
-    m->cap_slots = cap_slots;
-    return RX_OK;
-}
-
 static int s_reserve (void *p, uint64_t n_slots, int32_t max_tokens, struct rx_err *err)
 {
     struct ll_model *m = p;
@@ -912,7 +875,7 @@ static int s_reserve (void *p, uint64_t n_slots, int32_t max_tokens, struct rx_e
         m->moe_chunk = chunk;
     }
     size_t cap = (size_t) n_slots + T;
-    rc = s_alloc_ints (m, cap, err);
+    rc = rx_model_stage_alloc (&m->stage, m->host, &m->k, max_tokens, cap, "model-llama", err);
     if (rc != RX_OK) {
         s_free_scratch (m);
         return rc;
@@ -1053,31 +1016,13 @@ static int s_forward (void *p, const struct rx_model_batch *b, struct rx_err *er
     void *be = m->k.be;
     rx_kstream_t *st = m->k.stream;
     const int32_t n = b->n_tokens, T = m->max_tokens;
-    const size_t total = (size_t) b->kv_start[b->n_seq];
-    if (total > m->cap_slots) {
-        size_t cap = m->cap_slots * 2 > total ? m->cap_slots * 2 : total;
-        LL_TRY (s_alloc_ints (m, cap, err));
-    }
-
-    /* Stage every index array in one host block, upload it at once. */
-    int32_t *h_tok = m->ih, *h_pos = h_tok + T, *h_new = h_pos + T, *h_qs = h_new + T,
-            *h_ks = h_qs + T + 1, *h_slots = h_ks + T + 1;
-    memcpy (h_tok, b->tokens, (size_t) n * sizeof *h_tok);
-    memcpy (h_pos, b->pos, (size_t) n * sizeof *h_pos);
-    memcpy (h_qs, b->q_start, ((size_t) b->n_seq + 1) * sizeof *h_qs);
-    memcpy (h_ks, b->kv_start, ((size_t) b->n_seq + 1) * sizeof *h_ks);
-    memcpy (h_slots, b->kv_slots, total * sizeof *h_slots);
-    for (int32_t s = 0; s < b->n_seq; s++)
-        for (int32_t t = b->q_start[s]; t < b->q_start[s + 1]; t++)
-            h_new[t] = b->kv_slots[b->kv_start[s] + b->pos[t]];
-    size_t bytes = (size_t) ((h_slots + total) - h_tok) * sizeof (int32_t);
-    LL_TRY (K->copy_h2d (be, st, m->idev, m->ih, bytes, err));
-    const int32_t *d_tok = m->idev, *d_pos = d_tok + T, *d_new = d_pos + T, *d_qs = d_new + T,
-                  *d_ks = d_qs + T + 1, *d_slots = d_ks + T + 1;
+    struct rx_model_batch_dev dv;
+    LL_TRY (rx_model_stage_upload (&m->stage, m->host, &m->k, T, b, "model-llama", &dv, err));
+    const int32_t *d_tok = dv.tokens, *d_pos = dv.pos, *d_new = dv.new_slots;
 
     const struct rx_attn_batch ab = {
-        .n_seq = b->n_seq, .n_tokens = n, .q_start = d_qs, .kv_start = d_ks,
-        .slots = d_slots, .q_pos = d_pos,
+        .n_seq = b->n_seq, .n_tokens = n, .q_start = dv.q_start, .kv_start = dv.kv_start,
+        .slots = dv.kv_slots, .q_pos = d_pos,
     };
     if (RX_HAS (struct rx_attn_ops, m->attn_ops, prepare))
         LL_TRY (m->attn_ops->prepare (m->attn, &ab, err));

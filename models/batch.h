@@ -1,13 +1,27 @@
-/* models/batch_check.h -- the checks every model plugin runs on a
- * struct rx_model_batch before its forward pass (radix/model.h's batch
- * contract), written once.  Header-only: plugins link no shared code.
+/* models/batch.h -- what every model plugin does with a struct
+ * rx_model_batch before its layers (radix/model.h's batch contract),
+ * written once.  Header-only: plugins link no shared code.
  *
  * rx_model_batch_check (who, b, max_tokens, n_vocab, n_slots, allow_idle,
  * err): RX_OK, or RX_EINVAL with one line "<who>: forward: ..." naming the
  * first thing wrong.  allow_idle: an idle batch (0 tokens, 0 sequences, 0
- * output rows; DP attention) is accepted. */
-#ifndef RX_MODELS_BATCH_CHECK_H
-#define RX_MODELS_BATCH_CHECK_H
+ * output rows; DP attention) is accepted.
+ *
+ * struct rx_model_stage: the batch's index arrays, staged in one host block
+ * and uploaded to the device in one copy per step:
+ *   tokens[T] pos[T] new_slots[T] q_start[T+1] kv_start[T+1] kv_slots[cap]
+ * (T = max_tokens of reserve; new_slots[t] = the KV slot token t writes).
+ * rx_model_stage_alloc sizes it for cap KV-slot entries (freeing an older
+ * one), rx_model_stage_upload grows it when a batch has more, fills and
+ * uploads it and points *d at the device arrays, rx_model_stage_free
+ * releases it. */
+#ifndef RX_MODELS_BATCH_H
+#define RX_MODELS_BATCH_H
+
+#include <string.h>
+
+#include <radix/attn.h>
+#include <radix/host.h>
 
 #include <stddef.h>
 #include <stdint.h>
@@ -72,6 +86,79 @@ static inline int rx_model_batch_check (const char *who, const struct rx_model_b
         if (b->out_rows[j] < 0 || b->out_rows[j] >= n || (j > 0 && b->out_rows[j] <= b->out_rows[j - 1]))
             return rx_err_set (err, RX_EINVAL, "%s: forward: output row %d (%d) must increase within 0 .. %d",
                                who, j, b->out_rows[j], n - 1);
+    return RX_OK;
+}
+
+struct rx_model_stage {
+    int32_t *host;          /* host staging block */
+    int32_t *dev;           /* the device copy */
+    size_t cap_slots;       /* kv_slots entries it holds */
+};
+
+/* Device views of an uploaded batch. */
+struct rx_model_batch_dev {
+    const int32_t *tokens, *pos, *new_slots, *q_start, *kv_start, *kv_slots;
+};
+
+static inline void rx_model_stage_free (struct rx_model_stage *st, const struct rx_host *host,
+                                        const struct rx_kctx *k)
+{
+    if (st->dev) {
+        k->ops->synchronize (k->be, k->stream, NULL);
+        k->ops->free_ (k->be, st->dev);
+    }
+    if (st->host) host->free_ (host, st->host);
+    st->dev = st->host = NULL;
+    st->cap_slots = 0;
+}
+
+static inline int rx_model_stage_alloc (struct rx_model_stage *st, const struct rx_host *host,
+                                        const struct rx_kctx *k, int32_t T, size_t cap_slots,
+                                        const char *who, struct rx_err *err)
+{
+    rx_model_stage_free (st, host, k);
+    size_t n = 3 * (size_t) T + 2 * ((size_t) T + 1) + cap_slots;
+    void *d;
+    int rc = k->ops->alloc (k->be, n * sizeof (int32_t), 0, &d, err);
+    if (rc != RX_OK) return rc;
+    st->dev = d;
+    st->host = host->alloc (host, n * sizeof (int32_t), 64);
+    if (!st->host) return rx_err_set (err, RX_ENOMEM, "%s: out of memory (staging)", who);
+    st->cap_slots = cap_slots;
+    return RX_OK;
+}
+
+static inline int rx_model_stage_upload (struct rx_model_stage *st, const struct rx_host *host,
+                                         const struct rx_kctx *k, int32_t T,
+                                         const struct rx_model_batch *b, const char *who,
+                                         struct rx_model_batch_dev *d, struct rx_err *err)
+{
+    const int32_t n = b->n_tokens;
+    const size_t total = (size_t) b->kv_start[b->n_seq];
+    if (total > st->cap_slots) {
+        size_t cap = st->cap_slots * 2 > total ? st->cap_slots * 2 : total;
+        int rc = rx_model_stage_alloc (st, host, k, T, cap, who, err);
+        if (rc != RX_OK) return rc;
+    }
+    int32_t *h_tok = st->host, *h_pos = h_tok + T, *h_new = h_pos + T, *h_qs = h_new + T,
+            *h_ks = h_qs + T + 1, *h_slots = h_ks + T + 1;
+    memcpy (h_tok, b->tokens, (size_t) n * sizeof *h_tok);
+    memcpy (h_pos, b->pos, (size_t) n * sizeof *h_pos);
+    memcpy (h_qs, b->q_start, ((size_t) b->n_seq + 1) * sizeof *h_qs);
+    memcpy (h_ks, b->kv_start, ((size_t) b->n_seq + 1) * sizeof *h_ks);
+    memcpy (h_slots, b->kv_slots, total * sizeof *h_slots);
+    for (int32_t s = 0; s < b->n_seq; s++)
+        for (int32_t t = b->q_start[s]; t < b->q_start[s + 1]; t++)
+            h_new[t] = b->kv_slots[b->kv_start[s] + b->pos[t]];
+    size_t bytes = (size_t) ((h_slots + total) - h_tok) * sizeof (int32_t);
+    int rc = k->ops->copy_h2d (k->be, k->stream, st->dev, st->host, bytes, err);
+    if (rc != RX_OK) return rc;
+    d->tokens = st->dev;
+    d->pos = d->tokens + T;
+    d->new_slots = d->pos + T;
+    d->q_start = d->new_slots + T;
+    d->kv_start = d->q_start + T + 1;
+    d->kv_slots = d->kv_start + T + 1;
     return RX_OK;
 }
 
