@@ -850,8 +850,12 @@ Test (procs, drain_lets_running_request_finish)
     cr_assert_lt (hi.age_ns, 5000000000ull);
     cr_assert_eq (hi.state, RX_HB_IDLE, "state %u once ready", hi.state);   /* /health says ready */
 
+    /* 8 greedy siblings (about 8 ms a step here, 300 steps): the request
+     * must still be running when the test reads the heartbeat and sends
+     * DRAIN after its first text; one sequence alone can finish first. */
     struct req q = s_greedy (30, &ref, 300);
     q.ignore_eos = 1;
+    q.nseq = 8;
     s_submit (&f, &q);
     uint64_t rid = 30;
     s_pump (&f, c, s_has_output, &rid, 30000, "the first text");
@@ -866,7 +870,7 @@ Test (procs, drain_lets_running_request_finish)
         usleep (1000);
     }
     cr_assert_eq (hi.state, RX_HB_DRAINING);
-    s_wait_finished (&f, c, 30, 1);
+    s_wait_finished (&f, c, 30, 8);
     struct res *r = s_get (c, 30, 0);
     cr_assert_eq (r->finish, RX_FINISH_LENGTH);
     cr_assert_eq (r->usage.completion_tokens, 300);
