@@ -13,6 +13,8 @@
 #include <radix/kernel.h>
 #include <radix/plugin.h>
 
+#include "common.h"
+
 #define MHA_MAX_LAYERS 4096
 
 struct mha {
@@ -53,23 +55,9 @@ static int s_create (const struct rx_host *host, const struct rx_kctx *k,
         return rx_err_set (err, RX_EINVAL,
                            "attn-mha: bad shapes: %d layers, %d heads, %d kv heads (must divide), head dims %d/%d",
                            cfg->n_layer, cfg->n_head, cfg->n_kv_head, cfg->hd_k, cfg->hd_v);
-    if (cfg->window < 0 || cfg->softcap < 0 || !(cfg->scale > 0))
-        return rx_err_set (err, RX_EINVAL, "attn-mha: bad scale %g, softcap %g or window %d",
-                           (double) cfg->scale, (double) cfg->softcap, cfg->window);
     size_t elt;
-    if (cfg->kv_dtype == RX_F32) {
-        elt = 4;
-    } else if (cfg->kv_dtype == RX_F16) {
-        struct rx_kernels_info ki = { .struct_size = sizeof ki };
-        if (k->ops->info (k->be, &ki) != RX_OK || !(ki.caps & RX_KCAP_KV_F16))
-            return rx_err_set (err, RX_ENOTSUP,
-                               "attn-mha: kv_dtype f16 is not supported by kernel backend \"%s\" (use f32)",
-                               ki.name ? ki.name : "?");
-        elt = 2;
-    } else {
-        return rx_err_set (err, RX_EINVAL, "attn-mha: kv dtype %s is not supported (f32 or f16)",
-                           rx_dtype_name (cfg->kv_dtype));
-    }
+    int rc = rx_attn_check_scale_and_kv ("attn-mha", k, cfg, &elt, err);
+    if (rc != RX_OK) return rc;
     struct mha *m = host->alloc (host, sizeof *m, 0);
     if (!m) return rx_err_set (err, RX_ENOMEM, "attn-mha: out of memory");
     memset (m, 0, sizeof *m);

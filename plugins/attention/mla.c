@@ -43,6 +43,8 @@
 #include <radix/kernel.h>
 #include <radix/plugin.h>
 
+#include "common.h"
+
 #define MLA_MAX_LAYERS 4096
 #define MLA_MAX_DIM    8192
 
@@ -111,23 +113,9 @@ static int s_create (const struct rx_host *host, const struct rx_kctx *k,
                            "attn-mla: bad shapes: %d layers, %d heads, head dims k %d (nope + rope) / v %d, kv_lora_rank %d, rope_dim %d (even, < hd_k)",
                            cfg->n_layer, cfg->n_head, cfg->hd_k, cfg->hd_v, cfg->kv_lora_rank,
                            cfg->rope_dim);
-    if (cfg->window < 0 || cfg->softcap < 0 || !(cfg->scale > 0))
-        return rx_err_set (err, RX_EINVAL, "attn-mla: bad scale %g, softcap %g or window %d",
-                           (double) cfg->scale, (double) cfg->softcap, cfg->window);
     size_t elt;
-    if (cfg->kv_dtype == RX_F32) {
-        elt = 4;
-    } else if (cfg->kv_dtype == RX_F16) {
-        struct rx_kernels_info ki = { .struct_size = sizeof ki };
-        if (k->ops->info (k->be, &ki) != RX_OK || !(ki.caps & RX_KCAP_KV_F16))
-            return rx_err_set (err, RX_ENOTSUP,
-                               "attn-mla: kv_dtype f16 is not supported by kernel backend \"%s\" (use f32)",
-                               ki.name ? ki.name : "?");
-        elt = 2;
-    } else {
-        return rx_err_set (err, RX_EINVAL, "attn-mla: kv dtype %s is not supported (f32 or f16)",
-                           rx_dtype_name (cfg->kv_dtype));
-    }
+    int rc = rx_attn_check_scale_and_kv ("attn-mla", k, cfg, &elt, err);
+    if (rc != RX_OK) return rc;
     struct mla *m = host->alloc (host, sizeof *m, 0);
     if (!m) return rx_err_set (err, RX_ENOMEM, "attn-mla: out of memory");
     memset (m, 0, sizeof *m);
