@@ -9,5 +9,6 @@ int rx_cmd_tokenize (int argc, char **argv);   /* tools/tokenize.c */
 int rx_cmd_generate (int argc, char **argv);   /* tools/generate.c */
 int rx_cmd_chat (int argc, char **argv);       /* tools/chat.c */
 int rx_cmd_bench (int argc, char **argv);      /* tools/bench.c */
+int rx_cmd_eplb (int argc, char **argv);       /* tools/eplb.c */
 
 #endif

@@ -56,6 +56,7 @@ static const struct {
     { "generate", rx_cmd_generate, "continue a prompt with a model (--model F.gguf --prompt ... [--ids])" },
     { "chat", rx_cmd_chat, "chat with a model using its chat template (--model F.gguf)" },
     { "bench", rx_cmd_bench, "prompt/generation/batched-decode speed table (--model F.gguf --threads T)" },
+    { "eplb", rx_cmd_eplb, "plan an expert placement from a load file (--algorithm deepseek --load F ...)" },
     { "version", s_cmd_version, "print version and plugin ABI" },
 };
 
