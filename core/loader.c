@@ -14,6 +14,7 @@
 
 #include <radix/attn.h>
 #include <radix/comm.h>
+#include <radix/eplb.h>
 #include <radix/kernel.h>
 #include <radix/model.h>
 #include <radix/moe.h>
@@ -62,7 +63,8 @@ static const struct kind_info s_kinds[RX_KIND_COUNT_] = {
                                RX_MOE_OPS_SIZE_1_0 },
     [RX_KIND_COMM]         = { "comm",      "comm",    "comm backend",
                                RX_COMM_OPS_SIZE_1_0 },
-    [RX_KIND_EPLB]         = { "eplb",      "eplb",    "EPLB algorithm",     sizeof (uint32_t) },
+    [RX_KIND_EPLB]         = { "eplb",      "eplb",    "EPLB algorithm",
+                               RX_EPLB_OPS_SIZE_1_0 },
     [RX_KIND_SCHED_POLICY] = { "scheduler", "sched",   "schedule policy",
                                RX_SCHED_POLICY_OPS_SIZE_1_0 },
     [RX_KIND_ROUTE_POLICY] = { "router",    "route",   "route policy",
@@ -305,6 +307,40 @@ static int s_check_desc (const char *path, const struct rx_plugin_desc *d, int e
     return rx_cfg_keys_check (d->keys, owner, err);
 }
 
+/* Who may replace a plugin: the running user and root only.  Refused: a
+ * file or directory writable by others (o+w, sticky or not); one owned by
+ * another user (that user could chmod it); group-writable unless the group
+ * is root's or the running user's primary group (umask 002 with per-user
+ * groups, the Debian default, makes build outputs g+w: harmless there).
+ * path names the plugin in the message, what/obj the object checked. */
+static int s_check_owner (const char *path, const char *obj, const struct stat *st, const char *what,
+                          struct rx_err *err)
+{
+    unsigned mode = (unsigned) st->st_mode & 07777;
+    char where[PATH_MAX + 8] = "";
+    if (strcmp (path, obj) != 0) snprintf (where, sizeof where, "%s, ", obj);
+    if (st->st_mode & S_IWOTH)
+        return rx_err_set (err, RX_EINVAL, "%s: refusing a plugin %s writable by others (%smode %04o): a plugin "
+                           "is code run inside the daemon (chmod o-w)", path, what, where, mode);
+    if (st->st_uid != 0 && st->st_uid != geteuid ())
+        return rx_err_set (err, RX_EINVAL, "%s: refusing a plugin %s owned by uid %u (%smode %04o), neither root "
+                           "nor the running user (uid %u), who could replace it", path, what,
+                           (unsigned) st->st_uid, where, mode, (unsigned) geteuid ());
+    if ((st->st_mode & S_IWGRP) && st->st_gid != 0 && st->st_gid != getegid ())
+        return rx_err_set (err, RX_EINVAL, "%s: refusing a plugin %s writable by group %u (%smode %04o), neither "
+                           "root's nor the running user's group (chmod g-w)", path, what, (unsigned) st->st_gid,
+                           where, mode);
+    return RX_OK;
+}
+
+static int s_check_dir (const char *path, const char *dir, struct rx_err *err)
+{
+    struct stat dst;
+    if (stat (dir, &dst) < 0)
+        return rx_err_set (err, RX_EIO, "%s: cannot stat plugin directory %s: %s", path, dir, strerror (errno));
+    return s_check_owner (path, dir, &dst, "in a directory", err);
+}
+
 static rx_plugin_t *s_loaded (rx_loader_t *l, const char *path)
 {
     for (rx_plugin_t *p = l->plugins; p; p = p->next)
@@ -333,16 +369,14 @@ int rx_loader_open (rx_loader_t *l, const char *path, int expect_kind,
         return rx_err_set (err, RX_EINVAL, "%s: not a regular file (radixd ABI %u.%u)", real,
                            RX_ABI_MAJOR, RX_ABI_MINOR);
     /* A plugin is code run inside the daemon: refuse what others may replace. */
-    if (st.st_mode & S_IWOTH)
-        return rx_err_set (err, RX_EINVAL, "%s: refusing a plugin file writable by others (chmod o-w)", real);
     char dir[PATH_MAX];
     snprintf (dir, sizeof dir, "%s", real);
     char *slash = strrchr (dir, '/');
     if (slash && slash != dir) *slash = '\0';
-    struct stat dst;
-    if (stat (dir, &dst) == 0 && (dst.st_mode & S_IWOTH))
-        return rx_err_set (err, RX_EINVAL, "%s: refusing a plugin in a directory writable by others (%s)",
-                           real, dir);
+    else if (slash) slash[1] = '\0';
+    int prc = s_check_owner (real, real, &st, "file", err);
+    if (prc == RX_OK) prc = s_check_dir (real, dir, err);
+    if (prc != RX_OK) return prc;
     int fd = open (real, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return rx_err_set (err, RX_EIO, "%s: cannot read plugin: %s", real, strerror (errno));
@@ -405,6 +439,16 @@ int rx_loader_open (rx_loader_t *l, const char *path, int expect_kind,
 static int s_open_named (rx_loader_t *l, const char *path, int kind, const char *base,
                          rx_plugin_t **out, struct rx_err *err)
 {
+    /* The search directory too: there the name may be a link (the build
+     * tree's _plugins), which whoever can write the directory could retarget. */
+    char dir[PATH_MAX];
+    snprintf (dir, sizeof dir, "%s", path);
+    char *slash = strrchr (dir, '/');
+    if (slash && slash != dir) {
+        *slash = '\0';
+        int crc = s_check_dir (path, dir, err);
+        if (crc != RX_OK) return crc;
+    }
     int rc = rx_loader_open (l, path, kind, out, err);
     if (rc == RX_OK && strcmp ((*out)->desc->name, base) != 0)
         return rx_err_set (err, RX_EABI, "%s: file name says %s \"%s\" but the plugin calls itself \"%s\"",

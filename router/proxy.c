@@ -23,6 +23,7 @@
 #include <jansson.h>
 
 #include "api.h"
+#include "auth.h"
 #include "histogram.h"
 #include "log.h"
 #include "proxy.h"
@@ -128,6 +129,8 @@ static const char *s_reason (int status)
     case 204: return "No Content";
     case 400: return "Bad Request";
     case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 431: return "Request Header Fields Too Large";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
     case 408: return "Request Timeout";
@@ -370,6 +373,11 @@ static int s_retryable (int code)
     return code == 408 || code == 429 || code == 500 || code == 502 || code == 503 || code == 504;
 }
 
+static int s_bogus_status (int code)
+{
+    return code < 200 || code > 599;
+}
+
 static const char *s_up_err_name (int e)
 {
     switch (e) {
@@ -513,7 +521,9 @@ static int s_on_up_headers (struct evhttp_request *up, void *arg)
 {
     struct s_req *p = arg;
     int code = evhttp_request_get_response_code (up);
-    if (s_retryable (code) && s_can_retry (p)) {
+    /* A status outside 200..599 (libevent reads "2x0" as 2) is garbage:
+     * never forwarded, a failed attempt like a dropped connection. */
+    if ((s_retryable (code) && s_can_retry (p)) || s_bogus_status (code)) {
         p->discard = 1;                            /* keep the body as the last error */
         evhttp_request_set_chunked_cb (up, NULL);
         return 0;
@@ -573,6 +583,15 @@ static void s_on_up_done (struct evhttp_request *up, void *arg)
         rx_log (p->headers_sent ? RX_LOG_WARN : RX_LOG_DEBUG, "%s %s", p->uri, p->why);
         if (p->headers_sent) s_stream_abort (p, p->why);
         else s_retry_or_fail (p);
+        return;
+    }
+    if (p->discard && s_bogus_status (code)) {
+        snprintf (p->why, sizeof p->why, "worker %s answered an invalid status line (code %d)", w->url, code);
+        p->last_status = 0;                        /* the final error is ours: 502 */
+        rx_worker_conn_put (px->ws, w, conn);
+        rx_worker_attempt_end (px->ws, w, 0, now);
+        rx_log (RX_LOG_WARN, "%s %s", p->uri, p->why);
+        s_retry_or_fail (p);
         return;
     }
     if (p->discard) {
@@ -1152,7 +1171,7 @@ static void s_ep_metrics (rx_proxy_t *px, struct evhttp_request *req, const char
 
 /* ------------------------------------------------------------ dispatch */
 
-enum { S_OPEN = 1, S_PREFIX = 2 };
+enum { S_OPEN = 1, S_PREFIX = 2, S_ADMIN = 4 };
 
 struct s_route {
     const char *path;
@@ -1170,10 +1189,10 @@ static const struct s_route s_routes[] = {
     { "/health", EVHTTP_REQ_GET, -1, s_ep_health, S_OPEN },
     { "/metrics", EVHTTP_REQ_GET, -1, s_ep_metrics, 0 },
     { "/workers", EVHTTP_REQ_GET, -1, s_ep_workers_get, 0 },
-    { "/workers", EVHTTP_REQ_POST, -1, s_ep_workers_post, 0 },
-    { "/workers/", EVHTTP_REQ_DELETE, -1, s_ep_workers_delete, S_PREFIX },
-    { "/add_worker", EVHTTP_REQ_POST, -1, s_ep_add_worker, 0 },
-    { "/remove_worker", EVHTTP_REQ_POST, -1, s_ep_remove_worker, 0 },
+    { "/workers", EVHTTP_REQ_POST, -1, s_ep_workers_post, S_ADMIN },
+    { "/workers/", EVHTTP_REQ_DELETE, -1, s_ep_workers_delete, S_PREFIX | S_ADMIN },
+    { "/add_worker", EVHTTP_REQ_POST, -1, s_ep_add_worker, S_ADMIN },
+    { "/remove_worker", EVHTTP_REQ_POST, -1, s_ep_remove_worker, S_ADMIN },
     { "/list_workers", EVHTTP_REQ_GET, -1, s_ep_list_workers, 0 },
     { NULL, 0, 0, NULL, 0 }
 };
@@ -1187,18 +1206,6 @@ static int s_path_match (const struct s_route *r, const char *path)
     return !strcmp (path, r->path);
 }
 
-/* Constant-time comparison of the bearer token with the key. */
-static int s_key_ok (const char *key, const char *auth)
-{
-    if (!auth || strncasecmp (auth, "Bearer ", 7) != 0) return 0;
-    const char *tok = auth + 7;
-    while (*tok == ' ') tok++;
-    size_t kl = strlen (key), tl = strlen (tok);
-    unsigned char diff = (unsigned char) (kl != tl);
-    for (size_t i = 0; i < kl; i++) diff |= (unsigned char) (key[i] ^ (i < tl ? tok[i] : 0));
-    return diff == 0;
-}
-
 static const char *s_method_name (enum evhttp_cmd_type m)
 {
     switch (m) {
@@ -1209,9 +1216,26 @@ static const char *s_method_name (enum evhttp_cmd_type m)
     }
 }
 
+/* Bytes of the request line's URI and the header lines, as sent (what
+ * [server] max_header_size bounds). */
+static size_t s_header_bytes (struct evhttp_request *req)
+{
+    const char *uri = evhttp_request_get_uri (req);
+    size_t n = uri ? strlen (uri) + 16 : 16;
+    for (struct evkeyval *h = evhttp_request_get_input_headers (req)->tqh_first; h; h = h->next.tqe_next)
+        n += strlen (h->key) + strlen (h->value) + 4;
+    return n;
+}
+
 static void s_on_request (struct evhttp_request *req, void *arg)
 {
     rx_proxy_t *px = arg;
+    if (s_header_bytes (req) > px->s->max_header_size) {
+        s_reply_error (px, req, 431, "request_header_fields_too_large", NULL,
+                       "request line and headers over %llu bytes ([server] max_header_size)",
+                       (unsigned long long) px->s->max_header_size);
+        return;
+    }
     const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri (req);
     const char *path = uri ? evhttp_uri_get_path (uri) : NULL;
     enum evhttp_cmd_type method = evhttp_request_get_command (req);
@@ -1240,10 +1264,13 @@ static void s_on_request (struct evhttp_request *req, void *arg)
         s_reply_error (px, req, 405, "method_not_allowed", NULL, "%s does not accept this method", path);
         return;
     }
-    if (px->s->api_key && *px->s->api_key && !(r->flags & S_OPEN) &&
-        !s_key_ok (px->s->api_key, evhttp_find_header (evhttp_request_get_input_headers (req), "Authorization"))) {
-        evhttp_add_header (evhttp_request_get_output_headers (req), "WWW-Authenticate", "Bearer");
-        s_reply_error (px, req, 401, "invalid_api_key", NULL, "missing or wrong API key (Authorization: Bearer ...)");
+    const char *why = NULL;
+    int level = (r->flags & S_OPEN) ? RX_AUTH_OPEN : (r->flags & S_ADMIN) ? RX_AUTH_ADMIN : RX_AUTH_API;
+    int denied = rx_auth_check (px->s->api_key, px->s->admin_key, level,
+                                evhttp_find_header (evhttp_request_get_input_headers (req), "Authorization"), &why);
+    if (denied) {
+        if (denied == 401) evhttp_add_header (evhttp_request_get_output_headers (req), "WWW-Authenticate", "Bearer");
+        s_reply_error (px, req, denied, denied == 401 ? "invalid_api_key" : "admin_key_required", NULL, "%s", why);
         return;
     }
     if (evbuffer_get_length (evhttp_request_get_input_buffer (req)) > px->s->max_body_size) {
@@ -1373,7 +1400,9 @@ rx_proxy_t *rx_proxy_new (struct event_base *base, const struct rx_router_settin
     /* libevent refuses (its own 413 page) only far beyond the limit; up to
      * that the handler answers an OpenAI-style 413. */
     evhttp_set_max_body_size (px->http, (ev_ssize_t) (s->max_body_size * 2 + 65536));
-    evhttp_set_max_headers_size (px->http, 64 * 1024);
+    /* the handler answers 431 up to twice the limit; beyond, libevent
+     * answers 400 and closes the connection */
+    evhttp_set_max_headers_size (px->http, (ev_ssize_t) (s->max_header_size * 2 + 8192));
     evhttp_set_timeout (px->http, (int) ceil (s->request_timeout) + 5);
     evhttp_set_gencb (px->http, s_on_request, px);
     return px;

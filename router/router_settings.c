@@ -14,8 +14,14 @@ static const struct rx_cfg_key s_server[] = {
       0, 65535, NULL },
     { "api_key", RX_CFG_STRING, NULL,
       "when set, every request except /health needs \"Authorization: Bearer <key>\"", 0, 0, NULL },
+    { "admin_api_key", RX_CFG_STRING, NULL,
+      "when set, adding and removing workers (POST /workers, DELETE /workers/..., /add_worker, /remove_worker) needs \"Authorization: Bearer <admin key>\" (the API key alone gets 403)",
+      0, 0, NULL },
     { "max_body_size", RX_CFG_SIZE, "8MiB", "largest request body; larger ones get HTTP 413",
       1024, (double) (1ull << 30), NULL },
+    { "max_header_size", RX_CFG_SIZE, "64KiB",
+      "largest request line + headers; larger ones get HTTP 431 (beyond twice this, the connection is closed)",
+      1024, (double) (16ull << 20), NULL },
     { "request_timeout", RX_CFG_DURATION, "600",
       "a request not finished this long after it arrived gets HTTP 504 (a stream ends with an error event)",
       0.001, 86400, NULL },
@@ -101,7 +107,9 @@ int rx_router_settings_load (const rx_conf_t *c, struct rx_router_settings *s, s
     GET ("server", "host");             s->host = v.s;
     GET ("server", "port");             s->port = (int) v.i;
     GET ("server", "api_key");          s->api_key = v.s;
+    GET ("server", "admin_api_key");    s->admin_key = v.s;
     GET ("server", "max_body_size");    s->max_body_size = v.u;
+    GET ("server", "max_header_size");  s->max_header_size = v.u;
     GET ("server", "request_timeout");  s->request_timeout = v.f;
     GET ("server", "shutdown_timeout"); s->shutdown_timeout = v.f;
     GET ("router", "policy");           s->policy = v.s;

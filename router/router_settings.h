@@ -25,7 +25,9 @@ struct rx_router_settings {
     const char *host;                 /* borrowed from the conf */
     int port;
     const char *api_key;              /* NULL or "": no key */
+    const char *admin_key;            /* NULL or "": admin endpoints need the API key only */
     uint64_t max_body_size;
+    uint64_t max_header_size;
     double request_timeout;
     double shutdown_timeout;
     const char *policy;
