@@ -164,13 +164,17 @@ int rx_detok_push_bytes (struct rx_detok *d, const char *bytes, size_t n,
         s_delta (d, out);
         return RX_OK;
     }
-    if ((d->flags & RX_DETOK_STRIP_SPACE) && !d->started && n > 0) {
-        if (bytes[0] == ' ' && d->tok && rx_tokenizer_model (d->tok) == RX_TOK_MODEL_SPM) {
+    if (n > 0 && !d->started) {
+        /* Only the first byte of the whole text is the SPM prefix space: mark
+         * the start before stripping, so a first piece that was just " " (a
+         * byte-fallback <0x20>) does not strip the next piece's space too. */
+        d->started = 1;
+        if ((d->flags & RX_DETOK_STRIP_SPACE) && bytes[0] == ' ' && d->tok &&
+            rx_tokenizer_model (d->tok) == RX_TOK_MODEL_SPM) {
             bytes++;
             n--;
         }
     }
-    if (n > 0) d->started = 1;
     if (s_feed (d, bytes, n, 0) < 0 || s_release (d, 0) < 0)
         return rx_err_set (err, RX_ENOMEM, "detokenizer: out of memory");
     s_delta (d, out);
