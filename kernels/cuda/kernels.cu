@@ -1,0 +1,582 @@
+/* kernels/cuda/kernels.cu -- the CUDA kernels and their C launchers (see
+ * kernels.h).  Element math (block decoders, RoPE/YaRN factors) comes from
+ * cu_math.h, shared with the host unit test; launch shapes from plan.h.
+ *
+ * Kept deliberately plain so the fat binary (sm_80, sm_90, PTX) builds in
+ * about a minute: one template parameter (the weight dtype) for the three
+ * kernels that read weights, everything else untemplated. */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "cu_math.h"
+#include "kernels.h"
+#include "plan.h"
+
+#define S_MAX_GRID 65535u
+
+static __device__ __forceinline__ float s_warp_sum (float v)
+{
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync (0xffffffffu, v, o);
+    return v;
+}
+
+static __device__ __forceinline__ float s_warp_max (float v)
+{
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf (v, __shfl_xor_sync (0xffffffffu, v, o));
+    return v;
+}
+
+/* Block-wide sum/max; every thread gets the result.  red: 32 floats of
+ * shared memory; blockDim.x a multiple of 32. */
+static __device__ float s_block_sum (float v, float *red)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = s_warp_sum (v);
+    __syncthreads ();
+    if (lane == 0) red[warp] = v;
+    __syncthreads ();
+    v = lane < nw ? red[lane] : 0.f;
+    return s_warp_sum (v);
+}
+
+static __device__ float s_block_max (float v, float *red)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = s_warp_max (v);
+    __syncthreads ();
+    if (lane == 0) red[warp] = v;
+    __syncthreads ();
+    v = lane < nw ? red[lane] : -INFINITY;
+    return s_warp_max (v);
+}
+
+/* (value, index) "better": larger value, lower index on ties. */
+static __device__ __forceinline__ bool s_better (float v, int i, float bv, int bi)
+{
+    if (i < 0) return false;      /* an idle lane's empty candidate */
+    if (bi < 0) return true;
+    return v > bv || (v == bv && i < bi);
+}
+
+static __device__ void s_block_best (float *v, int *i, float *rv, int *ri)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync (0xffffffffu, *v, o);
+        int oi = __shfl_xor_sync (0xffffffffu, *i, o);
+        if (s_better (ov, oi, *v, *i)) { *v = ov; *i = oi; }
+    }
+    __syncthreads ();
+    if (lane == 0) { rv[warp] = *v; ri[warp] = *i; }
+    __syncthreads ();
+    *v = lane < nw ? rv[lane] : -INFINITY;
+    *i = lane < nw ? ri[lane] : -1;
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync (0xffffffffu, *v, o);
+        int oi = __shfl_xor_sync (0xffffffffu, *i, o);
+        if (s_better (ov, oi, *v, *i)) { *v = ov; *i = oi; }
+    }
+}
+
+static int s_status (void) { return (int) cudaGetLastError (); }
+
+/* ------------------------------------------------------ weight readers -- */
+
+template <int DT>
+static __global__ void k_get_rows (const uint8_t *w, size_t row_bytes, size_t ne0, uint64_t n_rows,
+                                   const int32_t *ids, size_t n, float *out, size_t ldo)
+{
+    const size_t nch = ne0 / 32, total = n * nch;
+    for (size_t t = blockIdx.x * (size_t) blockDim.x + threadIdx.x; t < total;
+         t += (size_t) gridDim.x * blockDim.x) {
+        const size_t i = t / nch, c = t % nch;
+        const int32_t id = ids[i];
+        float v[32];
+        if (id >= 0 && (uint64_t) id < n_rows) rx_cu_deq32 (DT, w + (size_t) id * row_bytes, c, v);
+        else
+            for (int j = 0; j < 32; j++) v[j] = 0.f;
+        float *o = out + i * ldo + c * 32;
+        for (int j = 0; j < 32; j++) o[j] = v[j];
+    }
+}
+
+/* One warp per output row; lane l decodes 32-element chunks l, l+32, ...
+ * of the weight row once and dots each with up to RX_CU_MV_MAX_ROWS
+ * activation rows (the weight is the bandwidth; activations hit L1/L2). */
+template <int DT>
+static __global__ void k_matvec (const uint8_t *w, size_t row_bytes, int in, int out, const float *x,
+                                 size_t ldx, float *y, size_t ldy, int n, int acc)
+{
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int o = blockIdx.x * RX_CU_MV_WARPS + warp;
+    if (o >= out) return;
+    const uint8_t *row = w + (size_t) o * row_bytes;
+    float sum[RX_CU_MV_MAX_ROWS];
+#pragma unroll
+    for (int r = 0; r < RX_CU_MV_MAX_ROWS; r++) sum[r] = 0.f;
+    const int nch = in / 32;
+    for (int c = lane; c < nch; c += 32) {
+        float v[32];
+        rx_cu_deq32 (DT, row, (size_t) c, v);
+#pragma unroll
+        for (int r = 0; r < RX_CU_MV_MAX_ROWS; r++) {
+            if (r >= n) break;
+            const float4 *xr = (const float4 *) (x + (size_t) r * ldx + (size_t) c * 32);
+            float s = 0.f;
+            if ((((uintptr_t) xr) & 15) == 0) {
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const float4 q = xr[j];
+                    s += v[4 * j] * q.x + v[4 * j + 1] * q.y + v[4 * j + 2] * q.z + v[4 * j + 3] * q.w;
+                }
+            } else {
+                const float *xs = x + (size_t) r * ldx + (size_t) c * 32;
+                for (int j = 0; j < 32; j++) s += v[j] * xs[j];
+            }
+            sum[r] += s;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < RX_CU_MV_MAX_ROWS; r++) {
+        if (r >= n) break;
+        const float s = s_warp_sum (sum[r]);
+        if (lane == 0) {
+            float *yo = y + (size_t) r * ldy + o;
+            *yo = acc ? *yo + s : s;
+        }
+    }
+}
+
+template <int DT>
+static __global__ void k_dequant_f16 (const uint8_t *w, size_t row_bytes, size_t in, size_t rows,
+                                      __half *dst)
+{
+    const size_t nch = in / 32, total = rows * nch;
+    for (size_t t = blockIdx.x * (size_t) blockDim.x + threadIdx.x; t < total;
+         t += (size_t) gridDim.x * blockDim.x) {
+        const size_t r = t / nch, c = t % nch;
+        float v[32];
+        rx_cu_deq32 (DT, w + r * row_bytes, c, v);
+        __half *d = dst + r * in + c * 32;
+        for (int j = 0; j < 32; j++) d[j] = __float2half_rn (v[j]);
+    }
+}
+
+#define S_DISPATCH(dtype, KERNEL, grid, block, ...)                                     \
+    switch (dtype) {                                                                    \
+    case RX_CU_F32: KERNEL<RX_CU_F32><<<grid, block, 0, st>>> (__VA_ARGS__); break;     \
+    case RX_CU_F16: KERNEL<RX_CU_F16><<<grid, block, 0, st>>> (__VA_ARGS__); break;     \
+    case RX_CU_BF16: KERNEL<RX_CU_BF16><<<grid, block, 0, st>>> (__VA_ARGS__); break;   \
+    case RX_CU_Q8_0: KERNEL<RX_CU_Q8_0><<<grid, block, 0, st>>> (__VA_ARGS__); break;   \
+    case RX_CU_Q4_0: KERNEL<RX_CU_Q4_0><<<grid, block, 0, st>>> (__VA_ARGS__); break;   \
+    case RX_CU_Q4_1: KERNEL<RX_CU_Q4_1><<<grid, block, 0, st>>> (__VA_ARGS__); break;   \
+    case RX_CU_Q4_K: KERNEL<RX_CU_Q4_K><<<grid, block, 0, st>>> (__VA_ARGS__); break;   \
+    case RX_CU_Q5_K: KERNEL<RX_CU_Q5_K><<<grid, block, 0, st>>> (__VA_ARGS__); break;   \
+    case RX_CU_Q6_K: KERNEL<RX_CU_Q6_K><<<grid, block, 0, st>>> (__VA_ARGS__); break;   \
+    default: return (int) cudaErrorInvalidValue;                                        \
+    }
+
+/* get_rows of an F32/F16/BF16 weight whose rows are not whole 32-element
+ * chunks: one thread per element. */
+static __global__ void k_get_rows_plain (int dtype, const uint8_t *w, size_t row_bytes, size_t ne0,
+                                         uint64_t n_rows, const int32_t *ids, size_t n, float *out,
+                                         size_t ldo)
+{
+    const size_t total = n * ne0;
+    for (size_t t = blockIdx.x * (size_t) blockDim.x + threadIdx.x; t < total;
+         t += (size_t) gridDim.x * blockDim.x) {
+        const size_t i = t / ne0, j = t % ne0;
+        const int32_t id = ids[i];
+        float v = 0.f;
+        if (id >= 0 && (uint64_t) id < n_rows) {
+            const uint8_t *r = w + (size_t) id * row_bytes;
+            if (dtype == RX_CU_F32) v = ((const float *) r)[j];
+            else if (dtype == RX_CU_F16) v = rx_cu_h2f (((const uint16_t *) r)[j]);
+            else v = rx_cu_bf2f (((const uint16_t *) r)[j]);
+        }
+        out[i * ldo + j] = v;
+    }
+}
+
+extern "C" int rx_cuk_get_rows (cudaStream_t st, int dtype, const void *w, size_t row_bytes,
+                                size_t ne0, uint64_t n_rows, const int32_t *ids, size_t n,
+                                float *out, size_t ldo)
+{
+    if (n == 0) return 0;
+    if (ne0 % 32) {
+        k_get_rows_plain<<<rx_cuplan_blocks (n * ne0, 256, S_MAX_GRID), 256, 0, st>>> (
+            dtype, (const uint8_t *) w, row_bytes, ne0, n_rows, ids, n, out, ldo);
+        return s_status ();
+    }
+    const uint32_t g = rx_cuplan_blocks (n * (ne0 / 32), 128, S_MAX_GRID);
+    S_DISPATCH (dtype, k_get_rows, g, 128, (const uint8_t *) w, row_bytes, ne0, n_rows, ids, n,
+                out, ldo);
+    return s_status ();
+}
+
+extern "C" int rx_cuk_matvec (cudaStream_t st, int dtype, const void *w, size_t row_bytes,
+                              size_t in, size_t out, const float *x, size_t ldx, float *y,
+                              size_t ldy, size_t n, int accumulate)
+{
+    const uint32_t g = rx_cuplan_blocks (out, RX_CU_MV_WARPS, 0);
+    for (size_t r0 = 0; r0 < n; r0 += RX_CU_MV_MAX_ROWS) {
+        const int nr = (int) (n - r0 < RX_CU_MV_MAX_ROWS ? n - r0 : RX_CU_MV_MAX_ROWS);
+        S_DISPATCH (dtype, k_matvec, g, 32 * RX_CU_MV_WARPS, (const uint8_t *) w, row_bytes,
+                    (int) in, (int) out, x + r0 * ldx, ldx, y + r0 * ldy, ldy, nr, accumulate);
+        int rc = s_status ();
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+extern "C" int rx_cuk_dequant_f16 (cudaStream_t st, int dtype, const void *w, size_t row_bytes,
+                                   size_t in, size_t rows, void *dst)
+{
+    const uint32_t g = rx_cuplan_blocks (rows * (in / 32), 256, S_MAX_GRID);
+    S_DISPATCH (dtype, k_dequant_f16, g, 256, (const uint8_t *) w, row_bytes, in, rows,
+                (__half *) dst);
+    return s_status ();
+}
+
+/* ------------------------------------------------------------ elementwise -- */
+
+static __global__ void k_convert (const float *x, size_t ldx, size_t n, size_t in, void *dst,
+                                  int bf16)
+{
+    const size_t total = n * in;
+    for (size_t t = blockIdx.x * (size_t) blockDim.x + threadIdx.x; t < total;
+         t += (size_t) gridDim.x * blockDim.x) {
+        const size_t r = t / in, c = t % in;
+        const float v = x[r * ldx + c];
+        if (bf16) ((__nv_bfloat16 *) dst)[t] = __float2bfloat16_rn (v);
+        else ((__half *) dst)[t] = __float2half_rn (v);
+    }
+}
+
+extern "C" int rx_cuk_convert (cudaStream_t st, const float *x, size_t ldx, size_t n, size_t in,
+                               void *dst, int bf16)
+{
+    if (n == 0) return 0;
+    k_convert<<<rx_cuplan_blocks (n * in, 256, S_MAX_GRID), 256, 0, st>>> (x, ldx, n, in, dst, bf16);
+    return s_status ();
+}
+
+static __global__ void k_ew (int op, const float *a, size_t lda, const float *b, size_t ldb,
+                             float *y, size_t ldy, size_t rows, size_t dim, float alpha)
+{
+    const size_t total = rows * dim;
+    for (size_t t = blockIdx.x * (size_t) blockDim.x + threadIdx.x; t < total;
+         t += (size_t) gridDim.x * blockDim.x) {
+        const size_t r = t / dim, c = t % dim;
+        const float av = a[r * lda + c];
+        float v;
+        switch (op) {
+        case RX_CUK_ADD: v = av + b[r * ldb + c]; break;
+        case RX_CUK_MUL: v = av * b[r * ldb + c]; break;
+        case RX_CUK_SCALE: v = alpha * av; break;
+        case RX_CUK_SIGMOID: v = 1.f / (1.f + expf (-av)); break;
+        case RX_CUK_SWIGLU: v = av / (1.f + expf (-av)) * b[r * ldb + c]; break;
+        default: v = av; break;
+        }
+        y[r * ldy + c] = v;
+    }
+}
+
+extern "C" int rx_cuk_ew (cudaStream_t st, int op, const float *a, size_t lda, const float *b,
+                          size_t ldb, float *y, size_t ldy, size_t rows, size_t dim, float alpha)
+{
+    if (rows == 0 || dim == 0) return 0;
+    k_ew<<<rx_cuplan_blocks (rows * dim, 256, S_MAX_GRID), 256, 0, st>>> (op, a, lda, b, ldb, y,
+                                                                         ldy, rows, dim, alpha);
+    return s_status ();
+}
+
+/* --------------------------------------------------------- row reductions -- */
+
+static __global__ void k_rms_norm (const float *x, size_t ldx, const float *w, float *y,
+                                   size_t ldy, size_t dim, float eps)
+{
+    __shared__ float red[32];
+    const float *xr = x + blockIdx.x * ldx;
+    float *yr = y + blockIdx.x * ldy;
+    float s = 0.f;
+    for (size_t i = threadIdx.x; i < dim; i += blockDim.x) s += xr[i] * xr[i];
+    s = s_block_sum (s, red);
+    const float r = rsqrtf (s / (float) dim + eps);
+    for (size_t i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = xr[i] * r * (w ? w[i] : 1.f);
+}
+
+extern "C" int rx_cuk_rms_norm (cudaStream_t st, const float *x, size_t ldx, const float *w,
+                                float *y, size_t ldy, size_t rows, size_t dim, float eps)
+{
+    for (size_t r0 = 0; r0 < rows; r0 += S_MAX_GRID) {
+        const size_t nr = rows - r0 < S_MAX_GRID ? rows - r0 : S_MAX_GRID;
+        k_rms_norm<<<(unsigned) nr, rx_cuplan_row_threads (dim), 0, st>>> (x + r0 * ldx, ldx, w,
+                                                                           y + r0 * ldy, ldy, dim, eps);
+    }
+    return s_status ();
+}
+
+static __global__ void k_softmax (float *x, size_t ldx, size_t dim, float scale)
+{
+    __shared__ float red[32];
+    float *xr = x + blockIdx.x * ldx;
+    float m = -INFINITY;
+    for (size_t i = threadIdx.x; i < dim; i += blockDim.x) m = fmaxf (m, scale * xr[i]);
+    m = s_block_max (m, red);
+    float s = 0.f;
+    for (size_t i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float e = expf (scale * xr[i] - m);
+        xr[i] = e;
+        s += e;
+    }
+    s = s_block_sum (s, red);
+    const float inv = 1.f / s;
+    for (size_t i = threadIdx.x; i < dim; i += blockDim.x) xr[i] *= inv;
+}
+
+extern "C" int rx_cuk_softmax (cudaStream_t st, float *x, size_t ldx, size_t rows, size_t dim,
+                               float scale)
+{
+    for (size_t r0 = 0; r0 < rows; r0 += S_MAX_GRID) {
+        const size_t nr = rows - r0 < S_MAX_GRID ? rows - r0 : S_MAX_GRID;
+        k_softmax<<<(unsigned) nr, rx_cuplan_row_threads (dim), 0, st>>> (x + r0 * ldx, ldx, dim,
+                                                                          scale);
+    }
+    return s_status ();
+}
+
+/* Top-k by k rounds of "best element after the previous one" in the order
+ * (value descending, index ascending): no scratch, exact CPU tie order. */
+static __global__ void k_topk (const float *x, size_t ldx, size_t dim, size_t k, float *vals,
+                               int32_t *idx)
+{
+    __shared__ float rv[32];
+    __shared__ int ri[32];
+    const float *xr = x + blockIdx.x * ldx;
+    float pv = INFINITY;
+    int pi = -1;
+    for (size_t j = 0; j < k; j++) {
+        float bv = -INFINITY;
+        int bi = -1;
+        for (size_t i = threadIdx.x; i < dim; i += blockDim.x) {
+            const float v = xr[i];
+            const bool after = v < pv || (v == pv && (int) i > pi);
+            if (after && s_better (v, (int) i, bv, bi)) { bv = v; bi = (int) i; }
+        }
+        s_block_best (&bv, &bi, rv, ri);
+        if (threadIdx.x == 0) {
+            idx[blockIdx.x * k + j] = bi;
+            if (vals) vals[blockIdx.x * k + j] = bv;
+        }
+        pv = bv;
+        pi = bi;
+    }
+}
+
+extern "C" int rx_cuk_topk (cudaStream_t st, const float *x, size_t ldx, size_t rows, size_t dim,
+                            size_t k, float *vals, int32_t *idx)
+{
+    for (size_t r0 = 0; r0 < rows; r0 += S_MAX_GRID) {
+        const size_t nr = rows - r0 < S_MAX_GRID ? rows - r0 : S_MAX_GRID;
+        k_topk<<<(unsigned) nr, rx_cuplan_row_threads (dim), 0, st>>> (
+            x + r0 * ldx, ldx, dim, k, vals ? vals + r0 * k : NULL, idx + r0 * k);
+    }
+    return s_status ();
+}
+
+extern "C" int rx_cuk_argmax (cudaStream_t st, const float *x, size_t ldx, size_t rows,
+                              size_t dim, int32_t *out)
+{
+    return rx_cuk_topk (st, x, ldx, rows, dim, 1, NULL, out);
+}
+
+/* ------------------------------------------------------------------ rope -- */
+
+static __global__ void k_rope (float *x, size_t ldx, size_t n_tok, size_t n_head, size_t ld_head,
+                               const int32_t *pos, int neox, int n_rot, float theta_scale,
+                               float freq_scale, float ext_factor, float attn_factor, float corr0,
+                               float corr1, const float *ff)
+{
+    const size_t half = (size_t) n_rot / 2, total = n_tok * n_head * half;
+    const float corr[2] = { corr0, corr1 };
+    for (size_t t = blockIdx.x * (size_t) blockDim.x + threadIdx.x; t < total;
+         t += (size_t) gridDim.x * blockDim.x) {
+        const size_t i = t % half, h = (t / half) % n_head, tok = t / (half * n_head);
+        const int i0 = (int) (2 * i);
+        float c, s;
+        rx_cu_rope_cs ((float) pos[tok], i0, theta_scale, ff ? ff[i] : 1.f, freq_scale, ext_factor,
+                       attn_factor, corr, &c, &s);
+        float *xh = x + tok * ldx + h * ld_head;
+        const size_t a = neox ? i : (size_t) i0, b = neox ? i + half : (size_t) i0 + 1;
+        const float x0 = xh[a], x1 = xh[b];
+        xh[a] = x0 * c - x1 * s;
+        xh[b] = x0 * s + x1 * c;
+    }
+}
+
+extern "C" int rx_cuk_rope (cudaStream_t st, float *x, size_t ldx, size_t n_tok, size_t n_head,
+                            size_t ld_head, const int32_t *pos, int neox, int n_rot,
+                            float theta_scale, float freq_scale, float ext_factor,
+                            float attn_factor, float corr0, float corr1, const float *freq_factors)
+{
+    const size_t total = n_tok * n_head * (size_t) (n_rot / 2);
+    if (total == 0) return 0;
+    k_rope<<<rx_cuplan_blocks (total, 256, S_MAX_GRID), 256, 0, st>>> (
+        x, ldx, n_tok, n_head, ld_head, pos, neox, n_rot, theta_scale, freq_scale, ext_factor,
+        attn_factor, corr0, corr1, freq_factors);
+    return s_status ();
+}
+
+/* ------------------------------------------------------------- KV cache -- */
+
+static __global__ void k_kv_store (void *kpool, void *vpool, int f16, size_t nk, size_t nv,
+                                   uint64_t n_slots, const float *k, size_t ldk, const float *v,
+                                   size_t ldv, const int32_t *slots, size_t n_tok)
+{
+    const size_t per = nk + nv, total = n_tok * per;
+    for (size_t t = blockIdx.x * (size_t) blockDim.x + threadIdx.x; t < total;
+         t += (size_t) gridDim.x * blockDim.x) {
+        const size_t tok = t / per, e = t % per;
+        const int32_t s = slots[tok];
+        if (s < 0 || (uint64_t) s >= n_slots) continue;
+        const bool isk = e < nk;
+        const size_t j = isk ? e : e - nk, rowlen = isk ? nk : nv;
+        const float val = isk ? k[tok * ldk + j] : v[tok * ldv + j];
+        void *base = isk ? kpool : vpool;
+        const size_t at = (size_t) s * rowlen + j;
+        if (f16) ((__half *) base)[at] = __float2half_rn (val);
+        else ((float *) base)[at] = val;
+    }
+}
+
+extern "C" int rx_cuk_kv_store (cudaStream_t st, void *kpool, void *vpool, int f16, size_t nk,
+                                size_t nv, uint64_t n_slots, const float *k, size_t ldk,
+                                const float *v, size_t ldv, const int32_t *slots, size_t n_tok)
+{
+    if (n_tok == 0) return 0;
+    k_kv_store<<<rx_cuplan_blocks (n_tok * (nk + nv), 256, S_MAX_GRID), 256, 0, st>>> (
+        kpool, vpool, f16, nk, nv, n_slots, k, ldk, v, ldv, slots, n_tok);
+    return s_status ();
+}
+
+/* ------------------------------------------------------------- attention -- */
+
+static __device__ __forceinline__ float s_kv (const void *base, int f16, size_t at)
+{
+    return f16 ? __half2float (((const __half *) base)[at]) : ((const float *) base)[at];
+}
+
+#define S_ATTN_MAXV 8   /* output dims per thread: hd_v <= 8 * RX_CU_ATTN_THREADS */
+
+/* One block per (query row, head): tiles of RX_CU_ATTN_TILE positions,
+ * scores by warps (lanes split the q.k dot), then an online-softmax update
+ * of the running max/sum and of the V accumulators each thread owns
+ * (flash-style: the score row is never materialised).  The same kernel
+ * serves decode (1 row per sequence) and prefill; MLA in the absorbed form
+ * is this with one KV head, hd_k = kv_lora + rope dims, hd_v = kv_lora. */
+static __global__ void k_attention (const float *q, size_t ldq, const void *kpool, const void *vpool,
+                                    int f16, int n_kv_head, int hd_k, int hd_v, uint64_t n_slots,
+                                    int n_seq, const int32_t *q_start, const int32_t *kv_start,
+                                    const int32_t *slots, const int32_t *q_pos, int n_head,
+                                    float scale, float softcap, int window, float *out, size_t ldo)
+{
+    extern __shared__ float sm[];
+    float *qs = sm, *sc = sm + hd_k;
+    const int t = blockIdx.x, h = blockIdx.y;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    /* The sequence of row t: the last s with q_start[s] <= t. */
+    int lo = 0, hi = n_seq - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (q_start[mid] <= t) lo = mid; else hi = mid - 1;
+    }
+    const int pos = q_pos[t];
+    const int first = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+    const int len = pos - first + 1;
+    const int32_t *sl = slots + kv_start[lo] + first;
+    const int kvh = h / (n_head / n_kv_head);
+    const size_t krow = (size_t) n_kv_head * hd_k, vrow = (size_t) n_kv_head * hd_v;
+    for (int i = threadIdx.x; i < hd_k; i += blockDim.x) qs[i] = q[(size_t) t * ldq + (size_t) h * hd_k + i];
+    float acc[S_ATTN_MAXV];
+#pragma unroll
+    for (int j = 0; j < S_ATTN_MAXV; j++) acc[j] = 0.f;
+    float m = -INFINITY, l = 0.f;
+    __syncthreads ();
+    for (int j0 = 0; j0 < len; j0 += RX_CU_ATTN_TILE) {
+        const int nt = len - j0 < RX_CU_ATTN_TILE ? len - j0 : RX_CU_ATTN_TILE;
+        for (int jj = warp; jj < nt; jj += nw) {
+            const int32_t s = sl[j0 + jj];
+            float d = 0.f;
+            if (s >= 0 && (uint64_t) s < n_slots) {
+                const size_t kb = (size_t) s * krow + (size_t) kvh * hd_k;
+                for (int i = lane; i < hd_k; i += 32) d += qs[i] * s_kv (kpool, f16, kb + i);
+            }
+            d = s_warp_sum (d) * scale;
+            if (softcap > 0.f) d = softcap * tanhf (d / softcap);
+            if (lane == 0) sc[jj] = d;
+        }
+        __syncthreads ();
+        float tm = -INFINITY;
+        for (int jj = 0; jj < nt; jj++) tm = fmaxf (tm, sc[jj]);
+        const float nm = fmaxf (m, tm);
+        const float corr = m == -INFINITY ? 0.f : expf (m - nm);
+        __syncthreads ();
+        for (int jj = threadIdx.x; jj < nt; jj += blockDim.x) sc[jj] = expf (sc[jj] - nm);
+        __syncthreads ();
+        float ps = 0.f;
+        for (int jj = 0; jj < nt; jj++) ps += sc[jj];
+        l = l * corr + ps;
+#pragma unroll
+        for (int j = 0; j < S_ATTN_MAXV; j++) acc[j] *= corr;
+        for (int jj = 0; jj < nt; jj++) {
+            const int32_t s = sl[j0 + jj];
+            if (s < 0 || (uint64_t) s >= n_slots) continue;
+            const size_t vb = (size_t) s * vrow + (size_t) kvh * hd_v;
+            const float p = sc[jj];
+#pragma unroll
+            for (int j = 0; j < S_ATTN_MAXV; j++) {
+                const int d = threadIdx.x + j * blockDim.x;
+                if (d < hd_v) acc[j] += p * s_kv (vpool, f16, vb + d);
+            }
+        }
+        m = nm;
+        __syncthreads ();
+    }
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    float *o = out + (size_t) t * ldo + (size_t) h * hd_v;
+#pragma unroll
+    for (int j = 0; j < S_ATTN_MAXV; j++) {
+        const int d = threadIdx.x + j * blockDim.x;
+        if (d < hd_v) o[d] = acc[j] * inv;
+    }
+    (void) lane;
+}
+
+extern "C" int rx_cuk_attention (cudaStream_t st, const float *q, size_t ldq, const void *kpool,
+                                 const void *vpool, int f16, int n_kv_head, int hd_k, int hd_v,
+                                 uint64_t n_slots, int n_seq, int n_tokens, const int32_t *q_start,
+                                 const int32_t *kv_start, const int32_t *slots,
+                                 const int32_t *q_pos, int n_head, float scale, float softcap,
+                                 int window, float *out, size_t ldo)
+{
+    if (n_tokens == 0) return 0;
+    if (hd_v > S_ATTN_MAXV * RX_CU_ATTN_THREADS || n_head > 65535)
+        return (int) cudaErrorInvalidValue;
+    const size_t smem = rx_cuplan_attn_smem (hd_k, hd_v);
+    if (smem > 48 * 1024) {
+        cudaError_t ce = cudaFuncSetAttribute (k_attention, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               (int) smem);
+        if (ce != cudaSuccess) return (int) ce;
+    }
+    dim3 grid ((unsigned) n_tokens, (unsigned) n_head);
+    k_attention<<<grid, RX_CU_ATTN_THREADS, smem, st>>> (q, ldq, kpool, vpool, f16, n_kv_head, hd_k,
+                                                         hd_v, n_slots, n_seq, q_start, kv_start,
+                                                         slots, q_pos, n_head, scale, softcap,
+                                                         window, out, ldo);
+    return s_status ();
+}

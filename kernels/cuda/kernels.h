@@ -1,0 +1,73 @@
+/* kernels/cuda/kernels.h -- the launchers of kernels.cu, callable from C.
+ *
+ * Each enqueues its kernel(s) on `stream` and returns the launch status
+ * (a cudaError_t as int: 0 = cudaSuccess).  Arguments were checked by
+ * plugin.c; pointers are device pointers; sizes follow plan.h.  Index
+ * arrays live on the device, so the kernels cannot report a bad index:
+ * get_rows writes a zero row for an id outside the weight, kv_store skips
+ * a slot outside the pool, attention reads only slots inside the pool
+ * (a bad slot contributes a zero key/value row).
+ *
+ * Thread-safety: launches on different streams may come from different
+ * threads; the kernels keep no state. */
+#ifndef RX_CUDA_KERNELS_H
+#define RX_CUDA_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum rx_cuk_ew_op {
+    RX_CUK_ADD = 0, RX_CUK_MUL = 1, RX_CUK_SCALE = 2, RX_CUK_SIGMOID = 3, RX_CUK_COPY = 4,
+    RX_CUK_SWIGLU = 5
+};
+
+/* Row ids[i] of a weight (rows of row_bytes, ne0 elements) as F32. */
+int rx_cuk_get_rows (cudaStream_t st, int dtype, const void *w, size_t row_bytes, size_t ne0,
+                     uint64_t n_rows, const int32_t *ids, size_t n, float *out, size_t ldo);
+int rx_cuk_rms_norm (cudaStream_t st, const float *x, size_t ldx, const float *w, float *y,
+                     size_t ldy, size_t rows, size_t dim, float eps);
+/* corr: rx_cu_rope_corr_dims; theta_scale = freq_base^(-2/n_rot). */
+int rx_cuk_rope (cudaStream_t st, float *x, size_t ldx, size_t n_tok, size_t n_head,
+                 size_t ld_head, const int32_t *pos, int neox, int n_rot, float theta_scale,
+                 float freq_scale, float ext_factor, float attn_factor, float corr0, float corr1,
+                 const float *freq_factors);
+/* y[r][o] (+)= sum_i x[r][i] * W[o][i], r < n (any n: passes of
+ * RX_CU_MV_MAX_ROWS rows). */
+int rx_cuk_matvec (cudaStream_t st, int dtype, const void *w, size_t row_bytes, size_t in,
+                   size_t out, const float *x, size_t ldx, float *y, size_t ldy, size_t n,
+                   int accumulate);
+/* rows x in weight elements -> F16 [rows][in] (dst). */
+int rx_cuk_dequant_f16 (cudaStream_t st, int dtype, const void *w, size_t row_bytes, size_t in,
+                        size_t rows, void *dst);
+/* x (n x in, ld ldx) -> dst [n][in] of F16 (bf16 = 0) or BF16 (bf16 = 1). */
+int rx_cuk_convert (cudaStream_t st, const float *x, size_t ldx, size_t n, size_t in, void *dst,
+                    int bf16);
+/* Elementwise: ADD/MUL y = a op b (ldb 0: broadcast row 0 of b); SCALE
+ * y = alpha a; SIGMOID; COPY; SWIGLU y = silu(a) * b. */
+int rx_cuk_ew (cudaStream_t st, int op, const float *a, size_t lda, const float *b, size_t ldb,
+               float *y, size_t ldy, size_t rows, size_t dim, float alpha);
+int rx_cuk_softmax (cudaStream_t st, float *x, size_t ldx, size_t rows, size_t dim, float scale);
+int rx_cuk_argmax (cudaStream_t st, const float *x, size_t ldx, size_t rows, size_t dim,
+                   int32_t *out);
+int rx_cuk_topk (cudaStream_t st, const float *x, size_t ldx, size_t rows, size_t dim, size_t k,
+                 float *vals, int32_t *idx);
+/* nk = n_kv_head * hd_k values per K row (nv for V); f16: pool is F16. */
+int rx_cuk_kv_store (cudaStream_t st, void *kpool, void *vpool, int f16, size_t nk, size_t nv,
+                     uint64_t n_slots, const float *k, size_t ldk, const float *v, size_t ldv,
+                     const int32_t *slots, size_t n_tok);
+int rx_cuk_attention (cudaStream_t st, const float *q, size_t ldq, const void *kpool,
+                      const void *vpool, int f16, int n_kv_head, int hd_k, int hd_v,
+                      uint64_t n_slots, int n_seq, int n_tokens, const int32_t *q_start,
+                      const int32_t *kv_start, const int32_t *slots, const int32_t *q_pos,
+                      int n_head, float scale, float softcap, int window, float *out, size_t ldo);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

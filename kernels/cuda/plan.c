@@ -1,0 +1,69 @@
+/* kernels/cuda/plan.c -- see plan.h. */
+#include "plan.h"
+#include "cu_math.h"
+
+uint32_t rx_cuplan_blocks (size_t n, uint32_t per_block, uint32_t max_blocks)
+{
+    if (per_block == 0) per_block = 1;
+    size_t b = (n + per_block - 1) / per_block;
+    if (b < 1) b = 1;
+    if (max_blocks && b > max_blocks) b = max_blocks;
+    return (uint32_t) b;
+}
+
+uint32_t rx_cuplan_row_threads (size_t dim)
+{
+    size_t t = (dim + 31) / 32 * 32;
+    if (t < 32) t = 32;
+    if (t > RX_CU_ROW_THREADS) t = RX_CU_ROW_THREADS;
+    return (uint32_t) t;
+}
+
+size_t rx_cuplan_attn_smem (int hd_k, int hd_v)
+{
+    (void) hd_v;
+    return ((size_t) hd_k + RX_CU_ATTN_TILE + 32) * sizeof (float);
+}
+
+int rx_cuplan_matmul (int dtype, size_t n, size_t in, size_t out, size_t matvec_max_rows,
+                      size_t slice_bytes, struct rx_cumm_plan *p, struct rx_err *err)
+{
+    if (!p) return rx_err_set (err, RX_EINVAL, "kernels-cuda matmul plan: NULL plan");
+    *p = (struct rx_cumm_plan) { 0 };
+    if (rx_cu_blk_elems (dtype) == 0)
+        return rx_err_set (err, RX_ENOTSUP, "kernels-cuda matmul: no kernel for weight dtype %d",
+                           dtype);
+    if (in == 0 || out == 0 || in % 32 || rx_cu_row_bytes (dtype, in) == 0)
+        return rx_err_set (err, RX_EINVAL, "kernels-cuda matmul: in = %zu must be a positive "
+                           "multiple of 32 and of the dtype's block, out = %zu > 0", in, out);
+    if (out > UINT32_MAX / 2)
+        return rx_err_set (err, RX_EINVAL, "kernels-cuda matmul: out = %zu is too large", out);
+    if (matvec_max_rows == 0) matvec_max_rows = 4;
+    if (slice_bytes == 0) slice_bytes = (size_t) 64 << 20;
+    if (n <= matvec_max_rows) {
+        p->path = RX_CUMM_MATVEC;
+        p->block_x = 32 * RX_CU_MV_WARPS;
+        p->grid_x = rx_cuplan_blocks (out, RX_CU_MV_WARPS, 0);
+        p->row_passes = (uint32_t) ((n + RX_CU_MV_MAX_ROWS - 1) / RX_CU_MV_MAX_ROWS);
+        return RX_OK;
+    }
+    p->path = RX_CUMM_GEMM;
+    switch (dtype) {
+    case RX_CU_F32:  p->gtype = RX_CUMM_G_F32; break;
+    case RX_CU_BF16: p->gtype = RX_CUMM_G_BF16; p->convert_x = 1; break;
+    case RX_CU_F16:  p->gtype = RX_CUMM_G_F16; p->convert_x = 1; break;
+    default:         p->gtype = RX_CUMM_G_F16; p->convert_x = 1; p->dequant_w = 1; break;
+    }
+    p->out_slice = out;
+    if (p->dequant_w) {
+        /* Dequantize W slice by slice so the scratch stays bounded; slices
+         * are multiples of 64 rows (whole GEMM tiles). */
+        size_t rows = slice_bytes / (in * 2);
+        rows = rows / 64 * 64;
+        if (rows < 64) rows = 64;
+        if (rows < out) p->out_slice = rows;
+        p->w_scratch = p->out_slice * in * 2;
+    }
+    if (p->convert_x) p->x_scratch = n * in * 2;
+    return RX_OK;
+}

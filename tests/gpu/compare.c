@@ -1,0 +1,434 @@
+/* tests/gpu/compare.c -- every op of kernels-cuda against kernels-cpu on the
+ * same random inputs (run by tests/gpu/check.sh on a GPU machine).
+ *
+ *   tests/gpu/compare [PLUGIN_DIR]     (default $RX_PLUGIN_BUILD_DIR)
+ *
+ * RX_COMPARE_BACKEND=cpu compares kernels-cpu with itself: a self-test of
+ * this harness on machines without a GPU (every error is then 0).
+ *
+ * Prints one line per case: PASS/FAIL, the op and shape, and the error
+ * max|cuda - cpu| / max|cpu|.  Exit 0 if all pass, 1 if any fails, 77
+ * (skipped) when kernels-cuda cannot create an instance (no GPU).
+ *
+ * Tolerances: the CPU quantizes activations to Q8_0/Q8_K for quantized
+ * weights while the GPU multiplies F32 activations (matvec) or F16/BF16
+ * ones (cuBLAS), so quantized matmuls compare within 3e-2 of the output's
+ * scale, F16/BF16 GEMMs within 1e-2; everything else within 1e-4 (RoPE:
+ * 1e-3, the angle math differs by ulps at large positions). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <radix/kernel.h>
+#include <radix/plugin.h>
+
+#include "loader.h"
+#include "quant.h"
+
+struct be {
+    const struct rx_kernels_ops *K;
+    void *be;
+    const char *name;
+};
+
+static struct be C, G;     /* cpu, cuda */
+static int n_fail, n_pass;
+static uint64_t s_rng = 0x9E3779B97F4A7C15ull;
+
+static float s_unif (void)
+{
+    s_rng ^= s_rng << 13;
+    s_rng ^= s_rng >> 7;
+    s_rng ^= s_rng << 17;
+    return (float) ((s_rng >> 11) * (1.0 / 9007199254740992.0)) * 2.f - 1.f;
+}
+
+static void s_die (const char *what, const struct rx_err *e)
+{
+    fprintf (stderr, "compare: %s: %s\n", what, e ? e->msg : "");
+    exit (1);
+}
+
+#define TRY(b, call)                                                    \
+    do {                                                                \
+        struct rx_err e_ = { 0 };                                       \
+        struct rx_err *err = &e_;                                       \
+        if ((call) != RX_OK) {                                          \
+            fprintf (stderr, "compare: %s: %s: %s\n", (b)->name, #call, e_.msg); \
+            exit (1);                                                   \
+        }                                                               \
+    } while (0)
+
+/* A device copy of host data on backend b. */
+static void *s_up (struct be *b, const void *h, size_t bytes)
+{
+    void *d = NULL;
+    TRY (b, b->K->alloc (b->be, bytes ? bytes : 1, 0, &d, err));
+    if (bytes) TRY (b, b->K->copy_h2d (b->be, NULL, d, h, bytes, err));
+    return d;
+}
+
+static void s_down (struct be *b, void *h, const void *d, size_t bytes)
+{
+    TRY (b, b->K->copy_d2h (b->be, NULL, h, d, bytes, err));
+    TRY (b, b->K->synchronize (b->be, NULL, err));
+}
+
+static void s_check (const char *what, const float *got, const float *ref, size_t n, double tol)
+{
+    double md = 0, mr = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs ((double) got[i] - ref[i]);
+        if (!(d == d)) d = INFINITY;
+        if (d > md) md = d;
+        if (fabs (ref[i]) > mr) mr = fabs (ref[i]);
+    }
+    double rel = md / (mr > 1e-6 ? mr : 1e-6);
+    int ok = rel <= tol;
+    printf ("%s  %-52s err %.2e (tol %.0e)\n", ok ? "PASS" : "FAIL", what, rel, tol);
+    if (ok) n_pass++; else n_fail++;
+}
+
+static void s_check_i (const char *what, const int32_t *got, const int32_t *ref, size_t n)
+{
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) bad += got[i] != ref[i];
+    printf ("%s  %-52s %zu of %zu differ\n", bad ? "FAIL" : "PASS", what, bad, n);
+    if (bad) n_fail++; else n_pass++;
+}
+
+static float *s_rand (size_t n, float scale)
+{
+    float *x = malloc (n * sizeof *x);
+    for (size_t i = 0; i < n; i++) x[i] = s_unif () * scale;
+    return x;
+}
+
+/* --------------------------------------------------------------- matmul -- */
+
+static void s_matmul_case (int dtype, size_t in, size_t out, size_t n_exp, int expert, size_t n,
+                           uint32_t flags, double tol)
+{
+    size_t rows = out * n_exp, rb = rx_dtype_row_bytes (dtype, in);
+    float *wf = s_rand (in * rows, 0.5f);
+    uint8_t *wq = malloc (rb * rows);
+    for (size_t r = 0; r < rows; r++) rx_quantize_row (dtype, wf + r * in, wq + r * rb, in);
+    struct rx_weight_view v = { .name = "w", .dtype = dtype, .n_dims = n_exp > 1 ? 3 : 2,
+                                .ne = { in, out, n_exp, 1 }, .data = wq, .nbytes = rb * rows };
+    size_t ldx = in + 16, ldy = out + 8;
+    float *x = s_rand (n * ldx, 1.f), *y0 = s_rand (n * ldy, 1.f);
+    float *yc = malloc (n * ldy * sizeof *yc), *yg = malloc (n * ldy * sizeof *yg);
+    struct be *bs[2] = { &C, &G };
+    float *outs[2] = { yc, yg };
+    for (int i = 0; i < 2; i++) {
+        struct be *b = bs[i];
+        rx_kweight_t *w = NULL;
+        TRY (b, b->K->weight_load (b->be, &v, &w, err));
+        void *dx = s_up (b, x, n * ldx * 4), *dy = s_up (b, y0, n * ldy * 4);
+        TRY (b, b->K->matmul (b->be, NULL, w, expert, dx, ldx, dy, ldy, n, flags, err));
+        s_down (b, outs[i], dy, n * ldy * 4);
+        b->K->free_ (b->be, dx);
+        b->K->free_ (b->be, dy);
+        b->K->weight_free (b->be, w);
+    }
+    /* Compare only the written columns (the pad must be untouched too). */
+    char what[96];
+    snprintf (what, sizeof what, "matmul %s in %zu out %zu n %zu%s%s", rx_dtype_name (dtype), in,
+              out, n, n_exp > 1 ? " expert" : "", flags ? " +=" : "");
+    s_check (what, yg, yc, n * ldy, tol);
+    free (wf); free (wq); free (x); free (y0); free (yc); free (yg);
+}
+
+static void s_get_rows_case (int dtype, size_t in)
+{
+    size_t rows = 50, rb = rx_dtype_row_bytes (dtype, in);
+    float *wf = s_rand (in * rows, 1.f);
+    uint8_t *wq = malloc (rb * rows);
+    for (size_t r = 0; r < rows; r++) rx_quantize_row (dtype, wf + r * in, wq + r * rb, in);
+    struct rx_weight_view v = { .name = "emb", .dtype = dtype, .n_dims = 2, .ne = { in, rows, 1, 1 },
+                                .data = wq, .nbytes = rb * rows };
+    int32_t ids[5] = { 0, 49, 7, 7, 23 };
+    float oc[5 * 300], og[5 * 300];
+    struct be *bs[2] = { &C, &G };
+    float *outs[2] = { oc, og };
+    for (int i = 0; i < 2; i++) {
+        struct be *b = bs[i];
+        rx_kweight_t *w = NULL;
+        TRY (b, b->K->weight_load (b->be, &v, &w, err));
+        void *di = s_up (b, ids, sizeof ids), *dout = NULL;
+        TRY (b, b->K->alloc (b->be, sizeof oc, 0, &dout, err));
+        TRY (b, b->K->memset_ (b->be, NULL, dout, 0, sizeof oc, err));
+        TRY (b, b->K->get_rows (b->be, NULL, w, di, 5, dout, 300, err));
+        s_down (b, outs[i], dout, sizeof oc);
+        b->K->free_ (b->be, di);
+        b->K->free_ (b->be, dout);
+        b->K->weight_free (b->be, w);
+    }
+    char what[64];
+    snprintf (what, sizeof what, "get_rows %s ne0 %zu", rx_dtype_name (dtype), in);
+    s_check (what, og, oc, 5 * 300, 1e-6);
+    free (wf); free (wq);
+}
+
+/* ---------------------------------------------------------- elementwise -- */
+
+enum { E_RMS, E_ROPE, E_ROPE_NEOX, E_ROPE_YARN, E_SWIGLU, E_ADD, E_MULB, E_SCALE, E_SOFTMAX,
+       E_SIGMOID, E_COPY, E_N };
+static const char *const e_names[E_N] = { "rms_norm", "rope normal", "rope neox",
+                                          "rope yarn+freq_factors", "swiglu", "add", "mul (bcast)",
+                                          "scale", "softmax", "sigmoid", "copy2d" };
+
+static void s_ew_case (int op, size_t rows, size_t dim)
+{
+    size_t ld = dim + 4, n = rows * ld;
+    float *a = s_rand (n, 2.f), *b = s_rand (n, 2.f), *w = s_rand (dim, 1.f);
+    int32_t *pos = malloc (rows * sizeof *pos);
+    for (size_t r = 0; r < rows; r++) pos[r] = (int32_t) (r * 997 % 40000);
+    float ff[64];
+    for (int i = 0; i < 64; i++) ff[i] = 1.f + i / 16.f;
+    float *res[2] = { malloc (n * 4), malloc (n * 4) };
+    struct be *bs[2] = { &C, &G };
+    for (int i = 0; i < 2; i++) {
+        struct be *be = bs[i];
+        const struct rx_kernels_ops *K = be->K;
+        float *da = s_up (be, a, n * 4), *db = s_up (be, b, n * 4), *dw = s_up (be, w, dim * 4);
+        float *dy = s_up (be, b, n * 4);
+        int32_t *dp = s_up (be, pos, rows * 4);
+        float *dff = s_up (be, ff, sizeof ff);
+        struct rx_rope_params rp = { .struct_size = sizeof rp, .mode = RX_ROPE_NORMAL, .n_rot = 64,
+                                     .n_ctx_orig = 4096, .freq_base = 10000.f, .freq_scale = 1.f,
+                                     .ext_factor = 0.f, .attn_factor = 1.f, .beta_fast = 32.f,
+                                     .beta_slow = 1.f };
+        switch (op) {
+        case E_RMS: TRY (be, K->rms_norm (be->be, NULL, da, ld, dw, dy, ld, rows, dim, 1e-5f, err)); break;
+        case E_ROPE_NEOX: rp.mode = RX_ROPE_NEOX; /* fall through */
+        case E_ROPE:
+            TRY (be, K->copy_d2d (be->be, NULL, dy, da, n * 4, err));
+            TRY (be, K->rope (be->be, NULL, dy, ld, rows, dim / 128, 128, dp, &rp, err));
+            break;
+        case E_ROPE_YARN:
+            rp.mode = RX_ROPE_NEOX; rp.n_rot = 128; rp.freq_scale = 0.25f; rp.ext_factor = 1.f;
+            rp.freq_factors = dff;
+            TRY (be, K->copy_d2d (be->be, NULL, dy, da, n * 4, err));
+            TRY (be, K->rope (be->be, NULL, dy, ld, rows, dim / 128, 128, dp, &rp, err));
+            break;
+        case E_SWIGLU: TRY (be, K->swiglu (be->be, NULL, da, ld, db, ld, dy, ld, rows, dim, err)); break;
+        case E_ADD: TRY (be, K->add (be->be, NULL, da, ld, db, ld, dy, ld, rows, dim, err)); break;
+        case E_MULB: TRY (be, K->mul (be->be, NULL, da, ld, dw, 0, dy, ld, rows, dim, err)); break;
+        case E_SCALE: TRY (be, K->scale (be->be, NULL, da, ld, dy, ld, rows, dim, 0.37f, err)); break;
+        case E_SOFTMAX:
+            TRY (be, K->copy_d2d (be->be, NULL, dy, da, n * 4, err));
+            TRY (be, K->softmax (be->be, NULL, dy, ld, rows, dim, 1.7f, err));
+            break;
+        case E_SIGMOID: TRY (be, K->sigmoid (be->be, NULL, da, ld, dy, ld, rows, dim, err)); break;
+        case E_COPY: TRY (be, K->copy2d (be->be, NULL, da, ld, dy, ld, rows, dim, err)); break;
+        }
+        s_down (be, res[i], dy, n * 4);
+        K->free_ (be->be, da); K->free_ (be->be, db); K->free_ (be->be, dw);
+        K->free_ (be->be, dy); K->free_ (be->be, dp); K->free_ (be->be, dff);
+    }
+    char what[96];
+    snprintf (what, sizeof what, "%s rows %zu dim %zu", e_names[op], rows, dim);
+    s_check (what, res[1], res[0], n, op >= E_ROPE && op <= E_ROPE_YARN ? 1e-3 : 1e-4);
+    free (a); free (b); free (w); free (pos); free (res[0]); free (res[1]);
+}
+
+static void s_select_case (size_t rows, size_t dim, size_t k)
+{
+    float *x = s_rand (rows * dim, 1.f);
+    for (size_t r = 0; r < rows; r++)       /* ties: equal values at several indices */
+        for (size_t i = 0; i < dim; i += 7) x[r * dim + i] = 0.99f;
+    int32_t *ic = malloc (rows * k * 4), *ig = malloc (rows * k * 4), *ac = malloc (rows * 4),
+            *ag = malloc (rows * 4);
+    float *vc = malloc (rows * k * 4), *vg = malloc (rows * k * 4);
+    struct be *bs[2] = { &C, &G };
+    int32_t *is[2] = { ic, ig }, *as[2] = { ac, ag };
+    float *vs[2] = { vc, vg };
+    for (int i = 0; i < 2; i++) {
+        struct be *b = bs[i];
+        float *dx = s_up (b, x, rows * dim * 4), *dv = NULL;
+        int32_t *di = NULL, *da = NULL;
+        TRY (b, b->K->alloc (b->be, rows * k * 4, 0, (void **) &dv, err));
+        TRY (b, b->K->alloc (b->be, rows * k * 4, 0, (void **) &di, err));
+        TRY (b, b->K->alloc (b->be, rows * 4, 0, (void **) &da, err));
+        TRY (b, b->K->topk (b->be, NULL, dx, dim, rows, dim, k, dv, di, err));
+        TRY (b, b->K->argmax (b->be, NULL, dx, dim, rows, dim, da, err));
+        s_down (b, is[i], di, rows * k * 4);
+        s_down (b, vs[i], dv, rows * k * 4);
+        s_down (b, as[i], da, rows * 4);
+        b->K->free_ (b->be, dx); b->K->free_ (b->be, dv); b->K->free_ (b->be, di); b->K->free_ (b->be, da);
+    }
+    char what[96];
+    snprintf (what, sizeof what, "topk rows %zu dim %zu k %zu (ties)", rows, dim, k);
+    s_check_i (what, ig, ic, rows * k);
+    s_check (what, vg, vc, rows * k, 0);
+    snprintf (what, sizeof what, "argmax rows %zu dim %zu (ties)", rows, dim);
+    s_check_i (what, ag, ac, rows);
+    free (x); free (ic); free (ig); free (ac); free (ag); free (vc); free (vg);
+}
+
+/* ------------------------------------------------------------ attention -- */
+
+static void s_attn_case (const char *label, int dtype, int n_kv, int hd_k, int hd_v, int n_head,
+                         int window, float softcap)
+{
+    /* Three sequences: a 37-token prefill, a 1-token decode at position 80,
+     * a 5-token chunk continuing at position 11.  KV slots are scattered. */
+    const int n_seq = 3;
+    const int lens[3] = { 37, 81, 16 }, nq[3] = { 37, 1, 5 };
+    int32_t q_start[4] = { 0 }, kv_start[4] = { 0 };
+    for (int s = 0; s < n_seq; s++) {
+        q_start[s + 1] = q_start[s] + nq[s];
+        kv_start[s + 1] = kv_start[s] + lens[s];
+    }
+    const int n_tok = q_start[n_seq], n_kvtok = kv_start[n_seq];
+    const uint64_t n_slots = 512;
+    int32_t *slots = malloc (n_kvtok * 4), *q_pos = malloc (n_tok * 4);
+    for (int i = 0; i < n_kvtok; i++) slots[i] = (int32_t) ((i * 131 + 7) % n_slots);
+    for (int s = 0; s < n_seq; s++)
+        for (int t = 0; t < nq[s]; t++) q_pos[q_start[s] + t] = lens[s] - nq[s] + t;
+    const size_t nk = (size_t) n_kv * hd_k, nv = (size_t) n_kv * hd_v;
+    float *kx = s_rand (n_kvtok * nk, 1.f), *vx = s_rand (n_kvtok * nv, 1.f);
+    const size_t ldq = (size_t) n_head * hd_k, ldo = (size_t) n_head * hd_v;
+    float *q = s_rand (n_tok * ldq, 1.f);
+    float *res[2] = { malloc (n_tok * ldo * 4), malloc (n_tok * ldo * 4) };
+    const size_t esz = dtype == RX_F16 ? 2 : 4;
+    struct be *bs[2] = { &C, &G };
+    for (int i = 0; i < 2; i++) {
+        struct be *b = bs[i];
+        struct rx_kv_pool pool = { .dtype = dtype, .n_kv_head = n_kv, .hd_k = hd_k, .hd_v = hd_v,
+                                   .n_slots = n_slots };
+        TRY (b, b->K->alloc (b->be, n_slots * nk * esz, 0, &pool.k, err));
+        TRY (b, b->K->alloc (b->be, n_slots * nv * esz, 0, &pool.v, err));
+        float *dk = s_up (b, kx, n_kvtok * nk * 4), *dv = s_up (b, vx, n_kvtok * nv * 4);
+        int32_t *ds = s_up (b, slots, n_kvtok * 4), *dp = s_up (b, q_pos, n_tok * 4);
+        int32_t *dqs = s_up (b, q_start, sizeof q_start), *dks = s_up (b, kv_start, sizeof kv_start);
+        float *dq = s_up (b, q, n_tok * ldq * 4), *dout = NULL;
+        TRY (b, b->K->alloc (b->be, n_tok * ldo * 4, 0, (void **) &dout, err));
+        TRY (b, b->K->kv_store (b->be, NULL, &pool, dk, nk, dv, nv, ds, n_kvtok, err));
+        struct rx_attn_batch ab = { .n_seq = n_seq, .n_tokens = n_tok, .q_start = dqs,
+                                    .kv_start = dks, .slots = ds, .q_pos = dp };
+        if (b == &C) {  /* the CPU reads the index arrays on the host */
+            ab.q_start = q_start; ab.kv_start = kv_start; ab.slots = slots; ab.q_pos = q_pos;
+        }
+        struct rx_attn_params ap = { .struct_size = sizeof ap, .n_head = n_head,
+                                     .scale = 1.f / sqrtf ((float) hd_k), .softcap = softcap,
+                                     .window = window };
+        TRY (b, b->K->attention (b->be, NULL, dq, ldq, &pool, &ab, &ap, dout, ldo, err));
+        s_down (b, res[i], dout, n_tok * ldo * 4);
+        void *fr[] = { pool.k, pool.v, dk, dv, ds, dp, dqs, dks, dq, dout };
+        for (size_t j = 0; j < sizeof fr / sizeof fr[0]; j++) b->K->free_ (b->be, fr[j]);
+    }
+    char what[128];
+    snprintf (what, sizeof what, "attention %s %s kv %d hd %d/%d heads %d win %d cap %g", label,
+              rx_dtype_name (dtype), n_kv, hd_k, hd_v, n_head, window, (double) softcap);
+    s_check (what, res[1], res[0], n_tok * ldo, dtype == RX_F16 ? 1e-3 : 1e-4);
+    free (slots); free (q_pos); free (kx); free (vx); free (q); free (res[0]); free (res[1]);
+}
+
+/* --------------------------------------------------------------- graphs -- */
+
+static void s_graph_case (void)
+{
+    const struct rx_kernels_ops *K = G.K;
+    float x[256], y[256], ref[256];
+    for (int i = 0; i < 256; i++) { x[i] = (float) i; ref[i] = 2.f * 3.f * (float) i; }
+    float *dx = s_up (&G, x, sizeof x), *dy = s_up (&G, x, sizeof x);
+    rx_kstream_t *st = NULL;
+    TRY (&G, K->stream_create (G.be, &st, err));
+    TRY (&G, K->graph_begin (G.be, st, 42, err));
+    TRY (&G, K->scale (G.be, st, dx, 256, dy, 256, 1, 256, 2.f, err));
+    TRY (&G, K->scale (G.be, st, dy, 256, dy, 256, 1, 256, 3.f, err));
+    TRY (&G, K->graph_end (G.be, st, 42, err));
+    int has = K->graph_has (G.be, 42);
+    TRY (&G, K->memset_ (G.be, st, dy, 0, sizeof y, err));
+    TRY (&G, K->graph_launch (G.be, st, 42, err));
+    TRY (&G, K->synchronize (G.be, st, err));
+    TRY (&G, K->copy_d2h (G.be, st, y, dy, sizeof y, err));
+    TRY (&G, K->synchronize (G.be, st, err));
+    printf ("%s  %-52s\n", has ? "PASS" : "FAIL", "graph_has after capture");
+    if (has) n_pass++; else n_fail++;
+    s_check ("graph replay (2 ops captured, replayed once)", y, ref, 256, 0);
+    struct rx_err e = { 0 };
+    int rc = K->graph_launch (G.be, st, 43, &e);
+    printf ("%s  %-52s %s\n", rc == RX_ENOENT ? "PASS" : "FAIL", "graph_launch of an unknown key", e.msg);
+    if (rc == RX_ENOENT) n_pass++; else n_fail++;
+    K->free_ (G.be, dx);   /* frees invalidate graphs */
+    printf ("%s  %-52s\n", !K->graph_has (G.be, 42) ? "PASS" : "FAIL", "free_ invalidates graphs");
+    if (!K->graph_has (G.be, 42)) n_pass++; else n_fail++;
+    K->free_ (G.be, dy);
+    K->stream_destroy (G.be, st);
+}
+
+/* ----------------------------------------------------------------- main -- */
+
+static void s_open (rx_loader_t *l, const char *name, struct be *b)
+{
+    struct rx_err err = { 0 };
+    rx_plugin_t *p = NULL;
+    if (rx_loader_find (l, RX_KIND_KERNELS, name, &p, &err) != RX_OK) s_die (name, &err);
+    if (rx_plugin_init (p, NULL, &err) != RX_OK) s_die (name, &err);
+    b->K = rx_plugin_ops (p);
+    b->name = name;
+    struct rx_kernels_params kp = { .struct_size = sizeof kp };
+    int rc = b->K->create (rx_plugin_host (p), &kp, &b->be, &err);
+    if (rc == RX_EDEVICE && b == &G) {
+        printf ("SKIP  kernels-cuda: %s\n", err.msg);
+        exit (77);
+    }
+    if (rc != RX_OK) s_die (name, &err);
+    struct rx_kernels_info info = { .struct_size = sizeof info };
+    b->K->info (b->be, &info);
+    printf ("# %s: %s\n", name, info.device);
+}
+
+int main (int argc, char **argv)
+{
+    const char *dir = argc > 1 ? argv[1] : getenv ("RX_PLUGIN_BUILD_DIR");
+    struct rx_err err = { 0 };
+    rx_loader_t *l = rx_loader_new (dir, &err);
+    if (!l) s_die ("loader", &err);
+    s_open (l, "cpu", &C);
+    const char *other = getenv ("RX_COMPARE_BACKEND");
+    s_open (l, other && *other ? other : "cuda", &G);
+
+    const int dts[] = { RX_F32, RX_F16, RX_BF16, RX_Q8_0, RX_Q4_0, RX_Q4_1, RX_Q4_K, RX_Q5_K, RX_Q6_K };
+    const size_t ns[] = { 1, 3, 8, 37 };
+    for (size_t d = 0; d < sizeof dts / sizeof dts[0]; d++) {
+        const int q = dts[d] != RX_F32 && dts[d] != RX_F16 && dts[d] != RX_BF16;
+        for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+            /* n > 4 takes cuBLAS with F16/BF16 operands: 1e-2. */
+            double tol = q ? 3e-2 : (ns[i] > 4 && dts[d] != RX_F32 ? 1e-2 : 1e-4);
+            s_matmul_case (dts[d], 512, 96, 1, -1, ns[i], 0, tol);
+        }
+        s_matmul_case (dts[d], 256, 40, 4, 2, 2, RX_MM_ACCUMULATE, q ? 3e-2 : 1e-4);
+        s_matmul_case (dts[d], 256, 40, 4, 3, 20, RX_MM_ACCUMULATE, q ? 3e-2 : (dts[d] == RX_F32 ? 1e-4 : 1e-2));
+        s_get_rows_case (dts[d], 256);
+    }
+    s_get_rows_case (RX_F32, 40);    /* rows that are not whole 32-element chunks */
+    s_get_rows_case (RX_F16, 8);
+    s_get_rows_case (RX_BF16, 72);
+    for (int op = 0; op < E_N; op++) {
+        s_ew_case (op, 1, 512);
+        s_ew_case (op, 33, 1024);
+    }
+    s_select_case (4, 32000, 1);
+    s_select_case (7, 64, 8);
+    s_select_case (3, 300, 40);
+    s_attn_case ("gqa", RX_F32, 2, 64, 64, 8, 0, 0.f);
+    s_attn_case ("gqa", RX_F16, 2, 64, 64, 8, 0, 0.f);
+    s_attn_case ("window+softcap", RX_F32, 2, 128, 128, 4, 9, 30.f);
+    s_attn_case ("mha", RX_F32, 4, 80, 80, 4, 0, 0.f);
+    s_attn_case ("mla-absorbed", RX_F32, 1, 576, 512, 16, 0, 0.f);
+    struct rx_kernels_info gi = { .struct_size = sizeof gi };
+    G.K->info (G.be, &gi);
+    if (gi.caps & RX_KCAP_GRAPHS) s_graph_case ();
+    else printf ("SKIP  graphs: backend %s does not capture\n", gi.name);
+
+    G.K->destroy (G.be);
+    C.K->destroy (C.be);
+    rx_loader_destroy (&l);
+    printf ("compare: %d passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}
