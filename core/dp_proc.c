@@ -503,6 +503,32 @@ static void s_req_abort (struct s_proc *p, const struct rx_ipc_abort *a)
     free (rids);
 }
 
+/* REQ_ABORT_SEQ: as REQ_ABORT, each (rid, sibling) to the replica that owns
+ * the rid; an unknown rid (finished already) is dropped. */
+static void s_req_abort_seq (struct s_proc *p, const struct rx_ipc_abort_seq *a)
+{
+    if (!a->n) return;
+    struct rx_ipc_seq_ref *q = malloc ((size_t) a->n * sizeof *q);
+    if (!q) {
+        rx_log (RX_LOG_ERROR, "dp controller: out of memory splitting an abort of %u sequences", a->n);
+        return;
+    }
+    for (int d = 0; d < p->n && !p->lost; d++) {
+        uint32_t k = 0;
+        for (uint32_t i = 0; i < a->n; i++)
+            if (s_rid_find (p, a->seqs[i].rid) == d) q[k++] = a->seqs[i];
+        if (!k) continue;
+        struct rx_ipc_msg m;
+        memset (&m, 0, sizeof m);
+        m.type = RX_IPC_REQ_ABORT_SEQ;
+        m.u.abort_seq.n = k;
+        m.u.abort_seq.seqs = q;
+        rx_debug ("dp controller: abort of %u sequence(s) -> replica %d", k, d);
+        s_to_rep (p, d, &m);
+    }
+    free (q);
+}
+
 /* ---------------------------------------------------------- messages -- */
 
 static void s_stop_begin (struct s_proc *p, const struct rx_ipc_shutdown *sd)
@@ -543,6 +569,9 @@ static void s_from_main (struct s_proc *p, struct rx_ipc_msg *m)
     case RX_IPC_REQ_ABORT:
         s_req_abort (p, &m->u.abort);
         break;
+    case RX_IPC_REQ_ABORT_SEQ:
+        s_req_abort_seq (p, &m->u.abort_seq);
+        break;
     case RX_IPC_GET_STATS:
         if (p->stopping) {
             /* Replicas may be gone: what we know now. */
@@ -570,6 +599,13 @@ static void s_from_main (struct s_proc *p, struct rx_ipc_msg *m)
         break;
     case RX_IPC_SHUTDOWN:
         s_stop_begin (p, &m->u.shutdown);
+        break;
+    case RX_IPC_EPLB:
+        /* Expert distribution record controls go to replica 0 (with
+         * rebalance on, its window already holds the DP-attention group's
+         * counts: core/expert_record.h); its EPLB_REPLY, same cookie, goes
+         * back to main as it is. */
+        s_to_rep (p, 0, m);
         break;
     default:
         rx_log (RX_LOG_WARN, "dp controller: unexpected %s message from main; ignored",
@@ -668,6 +704,10 @@ static void s_from_rep (struct s_proc *p, struct rx_ipc_msg *m)
         break;
     case RX_IPC_FLUSH_CACHE_REPLY:
         s_flush_in (p, &m->u.flush_reply);
+        break;
+    case RX_IPC_EPLB_REPLY:
+    case RX_IPC_EPLB_STATS:   /* main keeps dp rank 0's */
+        s_to_main (p, m);
         break;
     case RX_IPC_SHUTDOWN:
         /* A replica confirms its stop (its last message on this socket). */

@@ -28,6 +28,7 @@
  *     radix-router.  rid -> replica is remembered until DONE or ERROR.
  *   - REQ_ABORT: the rids split per replica (one REQ_ABORT each); rids not
  *     in flight here are dropped.  The load drops when the REQ_DONE comes.
+ *   - REQ_ABORT_SEQ: the same per (rid, sibling index).
  *   - GET_STATS {cookie}: a GET_STATS with its own cookie to every replica;
  *     ONE STATS {cookie} to main when all answered, or after
  *     RX_DP_STATS_WAIT_MS with what it has (a missing replica's latest

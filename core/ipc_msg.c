@@ -28,6 +28,10 @@ const char *rx_ipc_type_name (int type)
     case RX_IPC_SHUTDOWN:          return "SHUTDOWN";
     case RX_IPC_REQ_ERROR:         return "REQ_ERROR";
     case RX_IPC_REQ_DONE:          return "REQ_DONE";
+    case RX_IPC_EPLB:              return "EPLB";
+    case RX_IPC_EPLB_REPLY:        return "EPLB_REPLY";
+    case RX_IPC_EPLB_STATS:        return "EPLB_STATS";
+    case RX_IPC_REQ_ABORT_SEQ:     return "REQ_ABORT_SEQ";
     default:                       return "?";
     }
 }
@@ -224,6 +228,17 @@ static int s_write (struct s_w *w, const struct rx_ipc_msg *m, struct rx_err *er
         for (uint32_t i = 0; i < a->n; i++) s_u64 (w, a->rids[i]);
         break;
     }
+    case RX_IPC_REQ_ABORT_SEQ: {
+        const struct rx_ipc_abort_seq *a = &m->u.abort_seq;
+        if (a->n && !a->seqs)
+            return rx_err_set (err, RX_EINVAL, S_FMT "REQ_ABORT_SEQ: %u sequences but no array", a->n);
+        s_u32 (w, a->n);
+        for (uint32_t i = 0; i < a->n; i++) {
+            s_u64 (w, a->seqs[i].rid);
+            s_u32 (w, a->seqs[i].index);
+        }
+        break;
+    }
     case RX_IPC_TOKENS: {
         const struct rx_ipc_tokens *t = &m->u.tokens;
         if (t->n && !t->out)
@@ -296,6 +311,22 @@ static int s_write (struct s_w *w, const struct rx_ipc_msg *m, struct rx_err *er
     case RX_IPC_GET_STATS:
         s_u64 (w, m->u.cookie);
         break;
+    case RX_IPC_EPLB:
+        if (m->u.eplb.op < 1 || m->u.eplb.op > 3)
+            return rx_err_set (err, RX_EINVAL, S_FMT "EPLB: unknown op %u", m->u.eplb.op);
+        s_u64 (w, m->u.eplb.cookie);
+        s_u8 (w, m->u.eplb.op);
+        break;
+    case RX_IPC_EPLB_STATS:
+        if (m->u.eplb_stats.n > RX_IPC_EPLB_MAX_LAYERS || (m->u.eplb_stats.n && !m->u.eplb_stats.balancedness))
+            return rx_err_set (err, RX_EINVAL, S_FMT "EPLB_STATS: %u layers", m->u.eplb_stats.n);
+        s_u32 (w, m->u.eplb_stats.dp_rank);
+        s_u64 (w, m->u.eplb_stats.rebalanced);
+        s_u64 (w, m->u.eplb_stats.skipped);
+        s_u32 (w, m->u.eplb_stats.n);
+        s_f32s (w, m->u.eplb_stats.balancedness, m->u.eplb_stats.n);
+        break;
+    case RX_IPC_EPLB_REPLY:
     case RX_IPC_FLUSH_CACHE_REPLY: {
         const char *msg = m->u.flush_reply.message ? m->u.flush_reply.message : "";
         size_t l = strlen (msg);
@@ -741,6 +772,17 @@ int rx_ipc_decode (const void *buf, size_t n, struct rx_ipc_msg *m, struct rx_er
         for (uint32_t i = 0; rc == RX_OK && i < c; i++) rc = s_gu64 (&r, &a->rids[i], "rid");
         break;
     }
+    case RX_IPC_REQ_ABORT_SEQ: {
+        struct rx_ipc_abort_seq *a = &m->u.abort_seq;
+        uint32_t c;
+        if ((rc = s_gu32 (&r, &c, "sequence count")) < 0) break;
+        if ((rc = s_alloc (&r, c, 12, sizeof *a->seqs, (void **) &a->seqs, "sequences")) < 0) break;
+        a->n = c;
+        for (uint32_t i = 0; rc == RX_OK && i < c; i++)
+            if ((rc = s_gu64 (&r, &a->seqs[i].rid, "rid")) == RX_OK)
+                rc = s_gu32 (&r, &a->seqs[i].index, "sibling index");
+        break;
+    }
     case RX_IPC_TOKENS:
         rc = s_read_tokens (&r, &m->u.tokens);
         break;
@@ -751,6 +793,25 @@ int rx_ipc_decode (const void *buf, size_t n, struct rx_ipc_msg *m, struct rx_er
     case RX_IPC_GET_STATS:
         rc = s_gu64 (&r, &m->u.cookie, "cookie");
         break;
+    case RX_IPC_EPLB:
+        if ((rc = s_gu64 (&r, &m->u.eplb.cookie, "cookie")) < 0) break;
+        if ((rc = s_gu8 (&r, &m->u.eplb.op, "op")) < 0) break;
+        if (m->u.eplb.op < 1 || m->u.eplb.op > 3)
+            rc = rx_err_set (err, RX_EFORMAT, S_FMT "EPLB: unknown op %u", m->u.eplb.op);
+        break;
+    case RX_IPC_EPLB_STATS: {
+        struct rx_ipc_eplb_stats *e = &m->u.eplb_stats;
+        if ((rc = s_gu32 (&r, &e->dp_rank, "dp_rank")) < 0 || (rc = s_gu64 (&r, &e->rebalanced, "rebalanced")) < 0
+            || (rc = s_gu64 (&r, &e->skipped, "skipped")) < 0 || (rc = s_gu32 (&r, &e->n, "n")) < 0)
+            break;
+        if (e->n > RX_IPC_EPLB_MAX_LAYERS) {
+            rc = rx_err_set (err, RX_EFORMAT, S_FMT "EPLB_STATS: %u layers (at most %d)", e->n, RX_IPC_EPLB_MAX_LAYERS);
+            break;
+        }
+        rc = s_gf32s (&r, e->n, &e->balancedness, "balancedness");
+        break;
+    }
+    case RX_IPC_EPLB_REPLY:
     case RX_IPC_FLUSH_CACHE_REPLY:
         if ((rc = s_gu64 (&r, &m->u.flush_reply.cookie, "cookie")) < 0) break;
         if ((rc = s_gi32 (&r, &m->u.flush_reply.status, "status")) < 0) break;
@@ -835,6 +896,9 @@ void rx_ipc_msg_free (struct rx_ipc_msg *m)
     case RX_IPC_REQ_DONE:
         free (m->u.done.rids);
         break;
+    case RX_IPC_REQ_ABORT_SEQ:
+        free (m->u.abort_seq.seqs);
+        break;
     case RX_IPC_TOKENS:
         for (uint32_t i = 0; m->u.tokens.out && i < m->u.tokens.n; i++) {
             struct rx_ipc_tok_out *o = &m->u.tokens.out[i];
@@ -852,7 +916,11 @@ void rx_ipc_msg_free (struct rx_ipc_msg *m)
         free (m->u.text.out);
         break;
     case RX_IPC_FLUSH_CACHE_REPLY:
+    case RX_IPC_EPLB_REPLY:
         free (m->u.flush_reply.message);
+        break;
+    case RX_IPC_EPLB_STATS:
+        free (m->u.eplb_stats.balancedness);
         break;
     case RX_IPC_REQ_ERROR:
         free (m->u.req_error.message);

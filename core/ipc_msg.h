@@ -44,10 +44,17 @@
  *   SHUTDOWN     u8 mode (enum rx_ipc_shutdown_mode), u32 deadline_ms
  *   REQ_ERROR    u64 rid, i32 status (enum rx_status, < 0), str message
  *   REQ_DONE     u32 count, count x u64 rid      (the layout of REQ_ABORT)
+ *   EPLB         u64 cookie, u8 op (1 start, 2 stop, 3 dump: expert
+ *                distribution recording, core/expert_record.h)
+ *   EPLB_REPLY   the layout of FLUSH_CACHE_REPLY (message: the dump's path)
+ *   EPLB_STATS   u32 dp_rank, u64 rebalanced, u64 skipped, u32 n (<= 4096),
+ *                n x f32 balancedness per MoE layer (sent with the periodic
+ *                STATS by a scheduler whose model is MoE; /metrics gauges)
+ *   REQ_ABORT_SEQ u32 count, count x (u64 rid, u32 sibling index)
  *
  * History: version 2 added the sibling index to TOKENS and TEXT entries
  * (n > 1), the REQ_ERROR type and the STATS fields after gen_tps.  REQ_DONE
- * (type 11) came later without a bump: a new type changes no layout, and
+ * (type 11) and REQ_ABORT_SEQ (15) came later without a bump: a new type changes no layout, and
  * only processes of one build exchange it.
  *
  * Any change to a layout bumps RX_IPC_VERSION: processes of one radixd are
@@ -95,9 +102,13 @@ enum rx_ipc_type {
     RX_IPC_STATS             = 8,   /* scheduler -> main (reply or periodic, cookie 0) */
     RX_IPC_SHUTDOWN          = 9,   /* main -> scheduler; scheduler -> detokenizer */
     RX_IPC_REQ_ERROR         = 10,  /* scheduler -> main: a REQ_NEW was refused (since v2) */
-    RX_IPC_REQ_DONE          = 11   /* scheduler -> DP controller: requests finished (dp_size > 1) */
+    RX_IPC_REQ_DONE          = 11,  /* scheduler -> DP controller: requests finished (dp_size > 1) */
+    RX_IPC_EPLB              = 12,  /* main -> scheduler: expert distribution record control */
+    RX_IPC_EPLB_REPLY        = 13,  /* scheduler -> main */
+    RX_IPC_EPLB_STATS        = 14,  /* scheduler -> main: placement balancedness (periodic) */
+    RX_IPC_REQ_ABORT_SEQ     = 15   /* main -> scheduler: stop single siblings (n > 1) */
 };
-#define RX_IPC_TYPE_MAX 11
+#define RX_IPC_TYPE_MAX 15
 
 /* Why a request stopped.  STOP_STR is decided by the detokenizer (stop
  * strings can span token boundaries); the others by the scheduler. */
@@ -184,10 +195,38 @@ struct rx_ipc_abort {
     uint64_t *rids;
 };
 
+/* REQ_ABORT_SEQ: single sequences to stop -- sibling `index` of request
+ * `rid`, e.g. the one whose stop string the detokenizer found while its
+ * siblings still run (core/server.c).  The other siblings go on. */
+struct rx_ipc_seq_ref {
+    uint64_t rid;
+    uint32_t index;
+};
+struct rx_ipc_abort_seq {
+    uint32_t n;
+    struct rx_ipc_seq_ref *seqs;
+};
+
 struct rx_ipc_flush_reply {
     uint64_t cookie;
     int32_t  status;             /* RX_OK, or e.g. RX_EAGAIN "requests are running" */
     char    *message;            /* NUL-terminated, may be "" */
+};
+
+/* EPLB: a control of the expert-distribution recorder. */
+struct rx_ipc_eplb {
+    uint64_t cookie;
+    uint8_t  op;                 /* RX_IPC_EPLB_OP_* (= enum rx_eplb_op of core/expert_record.h) */
+};
+enum { RX_IPC_EPLB_OP_START = 1, RX_IPC_EPLB_OP_STOP = 2, RX_IPC_EPLB_OP_DUMP = 3 };
+
+/* EPLB_STATS: the current placement's balancedness over the recorded window. */
+#define RX_IPC_EPLB_MAX_LAYERS 4096
+struct rx_ipc_eplb_stats {
+    uint32_t dp_rank;
+    uint64_t rebalanced, skipped;
+    uint32_t n;
+    float   *balancedness;       /* [n] */
 };
 
 struct rx_ipc_stats {
@@ -237,11 +276,14 @@ struct rx_ipc_msg {
         struct rx_ipc_tokens      tokens;      /* TOKENS */
         struct rx_ipc_text        text;        /* TEXT */
         uint64_t                  cookie;      /* FLUSH_CACHE, GET_STATS */
-        struct rx_ipc_flush_reply flush_reply; /* FLUSH_CACHE_REPLY */
+        struct rx_ipc_flush_reply flush_reply; /* FLUSH_CACHE_REPLY, EPLB_REPLY */
+        struct rx_ipc_eplb        eplb;        /* EPLB */
+        struct rx_ipc_eplb_stats  eplb_stats;  /* EPLB_STATS */
         struct rx_ipc_stats       stats;       /* STATS */
         struct rx_ipc_shutdown    shutdown;    /* SHUTDOWN */
         struct rx_ipc_req_error   req_error;   /* REQ_ERROR */
         struct rx_ipc_abort       done;        /* REQ_DONE (REQ_ABORT's shape) */
+        struct rx_ipc_abort_seq   abort_seq;   /* REQ_ABORT_SEQ */
     } u;
 };
 

@@ -96,6 +96,7 @@ struct rx_sched {
     struct s_req *chunked;       /* mid-prompt request (holds a row and a lock) */
     uint64_t next_arrival, step;
     double new_token_ratio, min_ratio, ratio_decay;
+    int group_decode;            /* rx_sched_set_group_decode (default 1) */
 
     /* step scratch */
     struct s_list batch;
@@ -209,6 +210,8 @@ int rx_sched_opts_from_conf (const rx_conf_t *conf, struct rx_sched_opts *o, str
         (int32_t) rx_conf_int (conf, "scheduler", "new_token_ratio_decay_steps", 600);
     o->eos_id = -2;
     o->context_len = 0;
+    /* DP attention admits more conservatively (struct rx_sched_opts). */
+    o->min_reserve_ratio = rx_conf_bool (conf, "parallel", "dp_attention", 0) ? 1.0 : 0.0;
     (void) err;
     return RX_OK;
 }
@@ -251,6 +254,9 @@ static int s_check_opts (const struct rx_sched_opts *o, struct rx_err *err)
         return rx_err_set (err, RX_EINVAL,
                            "scheduler: [scheduler] new-token-ratio settings out of range "
                            "(conservativeness > 0, ratios >= 0, decay steps >= 1)");
+    if (!(o->min_reserve_ratio >= 0 && o->min_reserve_ratio <= 1))
+        return rx_err_set (err, RX_EINVAL, "scheduler: min_reserve_ratio %g must be in 0..1",
+                           o->min_reserve_ratio);
     return RX_OK;
 }
 
@@ -353,6 +359,7 @@ rx_sched_t *rx_sched_new (struct rx_boot *boot, rx_engine_t *engine, const struc
     s->min_ratio = init * s->o.min_new_token_ratio_factor;
     if (s->min_ratio > 1) s->min_ratio = 1;
     s->ratio_decay = (init - s->min_ratio) / s->o.new_token_ratio_decay_steps;
+    s->group_decode = 1;
     s->st_last_time = s_now ();
     return s;
 fail:
@@ -687,24 +694,44 @@ int rx_sched_abort_all (rx_sched_t *s)
     return n;
 }
 
+/* Take r off its list, free its KV and queue its ABORT finish for the
+ * next step. */
+static void s_abort_one (rx_sched_t *s, struct s_req *r)
+{
+    if (r == s->chunked)
+        s->chunked = NULL;
+    else if (!s_list_remove (&s->waiting, r))
+        s_list_remove (&s->running, r);
+    s_release (s, r, 0);
+    r->finish = RX_FINISH_ABORT;
+    r->matched = -1;
+    r->state = S_DONE;
+    s_list_push (&s->zombies, r);
+}
+
 int rx_sched_abort (rx_sched_t *s, uint64_t rid)
 {
     if (!s) return 0;
     int n = 0;
     struct s_req *r;
     while ((r = s_find_any (s, rid))) {
-        if (r == s->chunked)
-            s->chunked = NULL;
-        else if (!s_list_remove (&s->waiting, r))
-            s_list_remove (&s->running, r);
-        s_release (s, r, 0);
-        r->finish = RX_FINISH_ABORT;
-        r->matched = -1;
-        r->state = S_DONE;
-        s_list_push (&s->zombies, r);
+        s_abort_one (s, r);
         n++;
     }
     return n;
+}
+
+int rx_sched_abort_seq (rx_sched_t *s, uint64_t rid, uint32_t index)
+{
+    if (!s) return 0;
+    const struct s_list *ls[2] = { &s->waiting, &s->running };
+    struct s_req *r = s->chunked && s->chunked->rid == rid && s->chunked->index == index ? s->chunked : NULL;
+    for (int k = 0; k < 2 && !r; k++)
+        for (size_t i = 0; i < ls[k]->n && !r; i++)
+            if (ls[k]->v[i]->rid == rid && ls[k]->v[i]->index == index) r = ls[k]->v[i];
+    if (!r) return 0;
+    s_abort_one (s, r);
+    return 1;
 }
 
 /* ---------------------------------------------------------- prefill -- */
@@ -836,10 +863,12 @@ static int s_form_prefill (rx_sched_t *s, struct rx_err *err)
     if (rem_input > s->engine_max_tokens) rem_input = s->engine_max_tokens;
     int64_t rem_chunk = s->o.chunked_prefill_size > 0 ? s->o.chunked_prefill_size : S_BIG;
     if (rem_chunk > s->engine_max_tokens) rem_chunk = s->engine_max_tokens;
-    /* Reserved for the running requests' future tokens. */
-    double offset = 0;
+    /* Reserved for the running requests' future tokens (at least
+     * min_reserve_ratio of them: DP attention, see scheduler.h). */
+    double offset = 0, ratio = s->new_token_ratio;
+    if (ratio < s->o.min_reserve_ratio) ratio = s->o.min_reserve_ratio;
     for (size_t i = 0; i < s->running.n; i++)
-        offset += (double) s_reserve_new (s->running.v[i]) * s->new_token_ratio;
+        offset += (double) s_reserve_new (s->running.v[i]) * ratio;
 
     /* 1. the chunked request continues. */
     if (s->chunked) {
@@ -993,7 +1022,7 @@ static int s_form_decode (rx_sched_t *s, struct rx_sched_out *out)
 
 /* ---------------------------------------------------- forward, sample -- */
 
-static int s_forward (rx_sched_t *s, struct rx_err *err)
+static int s_forward (rx_sched_t *s, int32_t all_decode, struct rx_err *err)
 {
     size_t n_seq = s->batch.n, n_tok = 0, n_slot = 0, n_out = 0;
     for (size_t i = 0; i < n_seq; i++) {
@@ -1052,6 +1081,7 @@ static int s_forward (rx_sched_t *s, struct rx_err *err)
         .n_out = (int32_t) n_out,
         .out_rows = s->b_out,
         .logits = NULL,
+        .all_decode = all_decode,
     };
     return rx_engine_forward (s->engine, &b, n_out ? s->logits : NULL, err);
 }
@@ -1190,8 +1220,9 @@ int rx_sched_step (rx_sched_t *s, struct rx_sched_out *out, struct rx_err *err)
     out->n_seq = (int32_t) s->batch.n;
     for (size_t i = 0; i < s->batch.n; i++) out->n_tokens += (int32_t) s->batch.v[i]->extend;
 
+    out->all_decode = out->kind == RX_SCHED_DECODE && s->group_decode;
     rc = s->batch_hook ? s->batch_hook (s->batch_hook_ud, s->step, s_batch_hash (s, out->kind), err) : RX_OK;
-    if (rc == RX_OK) rc = s_forward (s, err);
+    if (rc == RX_OK) rc = s_forward (s, out->all_decode, err);
     if (rc) {
         /* The batch cannot run: abort its requests (one clear error up). */
         for (size_t i = 0; i < s->batch.n; i++) {
@@ -1237,6 +1268,18 @@ done:
 int rx_sched_idle (const rx_sched_t *s)
 {
     return !s->waiting.n && !s->running.n && !s->chunked && !s->zombies.n;
+}
+
+int rx_sched_may_prefill (const rx_sched_t *s)
+{
+    /* s_form_prefill forms a batch only from the chunked request or a
+     * waiting one; retraction (in decode) refills waiting after that. */
+    return s && (s->waiting.n > 0 || s->chunked);
+}
+
+void rx_sched_set_group_decode (rx_sched_t *s, int all_decode)
+{
+    if (s) s->group_decode = all_decode ? 1 : 0;
 }
 
 int rx_sched_flush_cache (rx_sched_t *s, size_t *freed, struct rx_err *err)

@@ -6,6 +6,7 @@
  *     for (;;) {
  *         for each REQ_NEW:   rx_sched_submit (s, req)   (RX_EAGAIN -> 503)
  *         for each REQ_ABORT: rx_sched_abort (s, rid)
+ *         for each REQ_ABORT_SEQ entry: rx_sched_abort_seq (s, rid, index)
  *         rx_sched_step (s, &out);  send out.tokens as one TOKENS message
  *     }
  *
@@ -91,6 +92,13 @@ struct rx_sched_opts {
     int32_t  new_token_ratio_decay_steps;
     int32_t  eos_id;                /* -2: the model's tokenizer.ggml.eos_token_id; -1: none */
     int32_t  context_len;           /* 0: the model's context length */
+    /* Floor of the new-token ratio in the admission reserve (0 .. 1; 0:
+     * none).  rx_sched_opts_from_conf sets 1 under [parallel] dp_attention:
+     * a prefill is admitted only when the rank's KV room after it still
+     * holds every running request's whole remaining max_tokens (clipped to
+     * 4096), since a DP-attention rank cannot borrow KV from its peers and
+     * a retraction's recompute is a step the whole group takes part in. */
+    double   min_reserve_ratio;
 };
 
 int rx_sched_opts_from_conf (const rx_conf_t *conf, struct rx_sched_opts *o, struct rx_err *err);
@@ -127,6 +135,16 @@ int rx_sched_submit (rx_sched_t *s, struct rx_request *r, struct rx_err *err);
  * the next rx_sched_step reports finish = RX_FINISH_ABORT for each.
  * Returns the number of siblings aborted (0: unknown or finished rid). */
 int rx_sched_abort (rx_sched_t *s, uint64_t rid);
+/* Abort sibling `index` of rid alone (REQ_ABORT_SEQ: main saw that sibling
+ * finish by a stop string while the others run): as rx_sched_abort for
+ * that one sequence -- its KV returns to the pool now, and the next step
+ * reports one finish = RX_FINISH_ABORT entry without tokens for it (the
+ * detokenizer ends its state with it and forwards nothing to main, which
+ * already counts the sibling done).  The other siblings run on to their
+ * own finish.  Returns 1, or 0 for an unknown rid or index or a sibling
+ * that has finished already (nothing happens then: not an error, the
+ * sibling may well have finished in the meantime). */
+int rx_sched_abort_seq (rx_sched_t *s, uint64_t rid, uint32_t index);
 /* rx_sched_abort of every request waiting or running (shutdown).  Returns
  * the number of siblings aborted. */
 int rx_sched_abort_all (rx_sched_t *s);
@@ -145,6 +163,8 @@ struct rx_sched_out {
     int32_t  n_seq;            /* sequences in the forward pass */
     int32_t  n_tokens;         /* tokens in the forward pass */
     int32_t  n_retracted;      /* requests retracted this step */
+    int32_t  all_decode;       /* rx_model_batch.all_decode the model was given: 1 for a decode
+                                  step whose group flag (rx_sched_set_group_decode) is 1 */
 };
 enum { RX_SCHED_IDLE = 0, RX_SCHED_PREFILL = 1, RX_SCHED_DECODE = 2 };
 
@@ -167,6 +187,19 @@ void rx_sched_set_batch_hook (rx_sched_t *s, rx_sched_batch_hook fn, void *ud);
 
 /* 1 when nothing is waiting, running or pending output. */
 int rx_sched_idle (const rx_sched_t *s);
+
+/* 1 when the next rx_sched_step may run a prefill (a request waits or one
+ * is mid-prompt); 0 guarantees it runs a decode or nothing.  DP attention
+ * all-gathers it before the step (core/sched_proc.c) -- a 1 that ends in a
+ * decode (no room to admit) only makes the group's flag conservative. */
+int rx_sched_may_prefill (const rx_sched_t *s);
+
+/* The group's "every rank decodes" flag for the next steps (DP attention:
+ * the AND over the ranks of !rx_sched_may_prefill, an idle rank counting
+ * as decoding, as SGLang's prepare_dp_attn_batch all-reduces it with MIN).
+ * A decode step hands the model rx_model_batch.all_decode = this flag; a
+ * prefill step 0.  Default 1 (one rank, or TP ranks running one batch). */
+void rx_sched_set_group_decode (rx_sched_t *s, int all_decode);
 
 /* POST /flush_cache: only when idle (like SGLang); RX_EAGAIN "requests are
  * running" otherwise.  *freed (may be NULL) gets the tokens dropped. */

@@ -16,6 +16,7 @@ import threading
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from rxtest import (Daemon, Fail, cli_tokenize, diag, eq, expect, parse_metrics, run,  # noqa: E402
                     short, test)
+import sibling_stop  # noqa: E402
 
 D = None
 PROMPT = "The quick brown fox jumps over the lazy dog"
@@ -356,6 +357,13 @@ def test_n_choices():
     eq(sorted(fin), [0, 1, 2], "indexes with a finish_reason in the n=3 stream")
     eq([fin[i] for i in range(3)], [["length"]] * 3, "finish_reasons per index")
     eq(roles, {0: "assistant", 1: "assistant", 2: "assistant"}, "role deltas per index")
+
+
+@test
+def test_n_choices_stop_one_sibling_early():
+    # a sibling stopped by its stop string stops generating at once
+    # (REQ_ABORT_SEQ), the others run on; n = 1 too
+    sibling_stop.check(D, "api")
 
 
 @test

@@ -616,6 +616,48 @@ Test (dp_proc, abort_split_per_replica, .timeout = 30)
     s_stop (&f);
 }
 
+/* REQ_ABORT_SEQ: each (rid, sibling) to the replica owning the rid, the
+ * index kept; a rid not in flight is dropped. */
+Test (dp_proc, abort_seq_split_per_replica, .timeout = 30)
+{
+    struct fx f;
+    s_start (&f, "round_robin");
+    s_ready (&f);
+    for (uint64_t rid = 21; rid <= 22; rid++) s_req (&f, rid);
+    cr_assert_eq (s_where (&f, 21), 0);
+    cr_assert_eq (s_where (&f, 22), 1);
+    struct rx_ipc_seq_ref q[4] = { { 22, 2 }, { 21, 1 }, { 99, 0 }, { 21, 0 } };
+    struct rx_ipc_msg m;
+    memset (&m, 0, sizeof m);
+    m.type = RX_IPC_REQ_ABORT_SEQ;
+    m.u.abort_seq.n = 4;
+    m.u.abort_seq.seqs = q;
+    s_send (f.to_dp, &m);
+    struct rx_ipc_msg r;
+    s_recv (f.rep_in[0], &r, "sibling abort on replica 0");
+    cr_assert_eq (r.type, RX_IPC_REQ_ABORT_SEQ);
+    cr_assert_eq (r.u.abort_seq.n, 2);
+    cr_assert_eq (r.u.abort_seq.seqs[0].rid, 21);
+    cr_assert_eq (r.u.abort_seq.seqs[0].index, 1);
+    cr_assert_eq (r.u.abort_seq.seqs[1].rid, 21);
+    cr_assert_eq (r.u.abort_seq.seqs[1].index, 0);
+    rx_ipc_msg_free (&r);
+    s_recv (f.rep_in[1], &r, "sibling abort on replica 1");
+    cr_assert_eq (r.type, RX_IPC_REQ_ABORT_SEQ);
+    cr_assert_eq (r.u.abort_seq.n, 1);
+    cr_assert_eq (r.u.abort_seq.seqs[0].rid, 22);
+    cr_assert_eq (r.u.abort_seq.seqs[0].index, 2);
+    rx_ipc_msg_free (&r);
+    /* only an unknown rid: nothing is sent */
+    m.u.abort_seq.n = 1;
+    m.u.abort_seq.seqs = &q[2];
+    s_send (f.to_dp, &m);
+    s_quiet (f.rep_in[0], QUIET, "replica 0 after a sibling abort of nothing in flight");
+    s_quiet (f.rep_in[1], 10, "replica 1 after a sibling abort of nothing in flight");
+    free (s_shutdown_all (&f));
+    s_stop (&f);
+}
+
 Test (dp_proc, get_stats_fan_in, .timeout = 30)
 {
     struct fx f;

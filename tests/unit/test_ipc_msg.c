@@ -105,6 +105,17 @@ static void s_done (struct rx_ipc_msg *m, uint32_t n)
     m->u.done.rids = n ? s_done_rids : NULL;
 }
 
+/* REQ_ABORT_SEQ: (rid, sibling index) pairs. */
+static struct rx_ipc_seq_ref s_seqs[2] = { { 0x0102030405060708ull, 2 }, { 7, 0xfffffffeu } };
+
+static void s_abort_seq (struct rx_ipc_msg *m, uint32_t n)
+{
+    memset (m, 0, sizeof *m);
+    m->type = RX_IPC_REQ_ABORT_SEQ;
+    m->u.abort_seq.n = n;
+    m->u.abort_seq.seqs = n ? s_seqs : NULL;
+}
+
 static int32_t s_tok_ids[4] = { 5, 0, -1, 151643 };
 static float s_tok_lp[4] = { -0.01f, -3.5f, 0.0f, -1e30f };
 static int32_t s_top_ids[4 * RX_MAX_TOP_LOGPROBS];
@@ -244,7 +255,32 @@ static void s_control (struct rx_ipc_msg *m, int which)
     }
 }
 
-#define S_NSAMPLES 19
+/* EPLB, EPLB_REPLY, EPLB_STATS (core/expert_record.h) */
+static float s_eplb_bal[3] = { 1.0f, 0.5f, 0.0f };
+
+static void s_eplb (int i, struct rx_ipc_msg *m)
+{
+    memset (m, 0, sizeof *m);
+    if (i == 0) {
+        m->type = RX_IPC_EPLB;
+        m->u.eplb.cookie = UINT64_MAX;
+        m->u.eplb.op = RX_IPC_EPLB_OP_DUMP;
+    } else if (i == 1) {
+        m->type = RX_IPC_EPLB_REPLY;
+        m->u.flush_reply.cookie = 3;
+        m->u.flush_reply.status = RX_ENOTSUP;
+        m->u.flush_reply.message = "/tmp/radix-eplb/x.json";
+    } else {
+        m->type = RX_IPC_EPLB_STATS;
+        m->u.eplb_stats.dp_rank = 2;
+        m->u.eplb_stats.rebalanced = 7;
+        m->u.eplb_stats.skipped = UINT64_MAX;
+        m->u.eplb_stats.n = 3;
+        m->u.eplb_stats.balancedness = s_eplb_bal;
+    }
+}
+
+#define S_NSAMPLES 24
 static void s_sample (int i, struct rx_ipc_msg *m)
 {
     s_init_arrays ();
@@ -259,6 +295,9 @@ static void s_sample (int i, struct rx_ipc_msg *m)
     case 7: s_text (m, 3); break;
     case 17: s_done (m, 0); break;
     case 18: s_done (m, 2); break;
+    case 19: case 20: case 21: s_eplb (i - 19, m); break;
+    case 22: s_abort_seq (m, 0); break;
+    case 23: s_abort_seq (m, 2); break;
     default: s_control (m, i - 8); break;
     }
 }
@@ -407,10 +446,35 @@ static void s_eq (const struct rx_ipc_msg *a, const struct rx_ipc_msg *b)
         cr_assert_eq (a->u.req_error.status, b->u.req_error.status);
         cr_assert_str_eq (a->u.req_error.message, b->u.req_error.message);
         break;
+    case RX_IPC_EPLB:
+        cr_assert_eq (a->u.eplb.cookie, b->u.eplb.cookie);
+        cr_assert_eq (a->u.eplb.op, b->u.eplb.op);
+        break;
+    case RX_IPC_EPLB_REPLY:
+        cr_assert_eq (a->u.flush_reply.cookie, b->u.flush_reply.cookie);
+        cr_assert_eq (a->u.flush_reply.status, b->u.flush_reply.status);
+        cr_assert_str_eq (a->u.flush_reply.message, b->u.flush_reply.message);
+        break;
+    case RX_IPC_EPLB_STATS:
+        cr_assert_eq (a->u.eplb_stats.dp_rank, b->u.eplb_stats.dp_rank);
+        cr_assert_eq (a->u.eplb_stats.rebalanced, b->u.eplb_stats.rebalanced);
+        cr_assert_eq (a->u.eplb_stats.skipped, b->u.eplb_stats.skipped);
+        cr_assert_eq (a->u.eplb_stats.n, b->u.eplb_stats.n);
+        for (uint32_t i = 0; i < a->u.eplb_stats.n; i++)
+            cr_assert (s_feq (a->u.eplb_stats.balancedness[i], b->u.eplb_stats.balancedness[i]));
+        break;
     case RX_IPC_REQ_DONE:
         cr_assert_eq (a->u.done.n, b->u.done.n);
         for (uint32_t i = 0; i < a->u.done.n; i++)
             cr_assert_eq (a->u.done.rids[i], b->u.done.rids[i]);
+        break;
+    case RX_IPC_REQ_ABORT_SEQ:
+        cr_assert_eq (a->u.abort_seq.n, b->u.abort_seq.n);
+        for (uint32_t i = 0; i < a->u.abort_seq.n; i++) {
+            cr_assert_eq (a->u.abort_seq.seqs[i].rid, b->u.abort_seq.seqs[i].rid);
+            cr_assert_eq (a->u.abort_seq.seqs[i].index, b->u.abort_seq.seqs[i].index);
+        }
+        if (!a->u.abort_seq.n) cr_assert_null (b->u.abort_seq.seqs);
         break;
     case RX_IPC_SHUTDOWN:
         cr_assert_eq (a->u.shutdown.mode, b->u.shutdown.mode);
@@ -539,6 +603,15 @@ Test (ipc_msg, wire_layout_is_little_endian_and_compact)
                                     2, 0, 0, 0, 8, 7, 6, 5, 4, 3, 2, 1, 7, 0, 0, 0, 0, 0, 0, 0 };
     cr_assert_eq (len, sizeof done);
     cr_assert_eq (memcmp (b, done, sizeof done), 0);
+    free (b);
+    /* REQ_ABORT_SEQ: type 15, count, then (u64 rid, u32 index) pairs */
+    s_abort_seq (&t, 2);
+    b = s_enc (&t, &len);
+    static const uint8_t aseq[] = { 'R', 'X', 'I', 'P', 2, 0, 15, 0, 28, 0, 0, 0, 2, 0, 0, 0,
+                                    8, 7, 6, 5, 4, 3, 2, 1, 2, 0, 0, 0,
+                                    7, 0, 0, 0, 0, 0, 0, 0, 0xfe, 0xff, 0xff, 0xff };
+    cr_assert_eq (len, sizeof aseq);
+    cr_assert_eq (memcmp (b, aseq, sizeof aseq), 0);
     free (b);
     /* STATS v2: 12 + the v1 payload (8 + 3x4 + 5x8 + 3x4) + 4x8 + 3x4 + 4 */
     s_control (&t, 4);
@@ -698,7 +771,9 @@ Test (ipc_msg, bad_header_refused)
     buf[6] = RX_IPC_TYPE_MAX + 1;
     s_refused (buf, len, "type max+1");
     rx_ipc_decode (buf, len, &d, &err);
-    cr_assert (strstr (err.msg, "unknown message type 12"), "%s", err.msg);
+    char want_type[64];
+    snprintf (want_type, sizeof want_type, "unknown message type %d", RX_IPC_TYPE_MAX + 1);
+    cr_assert (strstr (err.msg, want_type), "%s", err.msg);
     buf[6] = RX_IPC_GET_STATS;
     s_put_u32 (buf + 8, 0xffffffffu);
     s_refused (buf, len, "length");
@@ -714,7 +789,7 @@ Test (ipc_msg, forged_counts_refused_before_allocating, .timeout = 10)
         struct rx_ipc_msg m;
         size_t off;          /* offset of the count in the encoding */
         const char *expect;
-    } cases[5];
+    } cases[6];
     s_abort (&cases[0].m, 3);
     cases[0].off = 12;
     cases[0].expect = "claims 4294967295 elements";
@@ -730,7 +805,10 @@ Test (ipc_msg, forged_counts_refused_before_allocating, .timeout = 10)
     s_done (&cases[4].m, 2);
     cases[4].off = 12;
     cases[4].expect = "claims 4294967295 elements";
-    for (int i = 0; i < 5; i++) {
+    s_abort_seq (&cases[5].m, 2);
+    cases[5].off = 12;
+    cases[5].expect = "sequences claims 4294967295 elements of 12 bytes";
+    for (int i = 0; i < 6; i++) {
         size_t len;
         /* s_tokens/s_text reset their statics: re-sample before encoding */
         if (i == 1) s_tokens (&cases[1].m, 3);
@@ -886,6 +964,9 @@ Test (ipc_msg, encoder_refuses_what_decoder_would)
     s_done (&m, 2);
     m.u.done.rids = NULL;
     ENC_FAILS ("REQ_DONE: 2 rids but no array");
+    s_abort_seq (&m, 2);
+    m.u.abort_seq.seqs = NULL;
+    ENC_FAILS ("REQ_ABORT_SEQ: 2 sequences but no array");
     s_tokens (&m, 3);
     s_tok_out[0].lp.n_top = 21;
     ENC_FAILS ("21 top logprobs");

@@ -672,6 +672,112 @@ Test (scheduler, n3_with_a_seed_is_reproducible_and_siblings_differ)
     s_env_close (&e);
 }
 
+/* REQ_ABORT_SEQ: one sibling of an n = 3 request stops (main saw its stop
+ * string); its KV returns at once, it reports one token-less ABORT finish,
+ * and the other siblings run on to max_tokens with exactly the tokens they
+ * would have had (seed 42 + i, as a lone sampler).  Unknown rids and
+ * indices, and a sibling aborted already, change nothing. */
+Test (scheduler, abort_seq_stops_one_sibling_and_the_others_run_on)
+{
+    struct env e;
+    s_env_open (&e);
+    s_lcg = 77;
+    int32_t p[12];
+    p[0] = 1;
+    for (int i = 1; i < 12; i++) p[i] = s_rand_tok ();
+    struct rx_sched_opts o = s_opts (&e, "fcfs");
+    o.radix_cache = 0;   /* kv_used is the requests' own slots alone */
+    rx_sched_t *s = s_sched (&e, &o);
+    s_submit (s, 9, p, 12, 40, s_n3);
+    struct run *run = calloc (1, sizeof *run);
+    struct rx_err err = { 0 };
+    struct rx_sched_out out;
+    for (int k = 0; k < 6; k++) {
+        cr_assert_eq (rx_sched_step (s, &out, &err), RX_OK, "%s", err.msg);
+        s_collect (run, &out);
+    }
+    struct rx_sched_stats b, a;
+    s_snap (s, &b);
+    cr_assert_eq (b.running, 3);
+    cr_assert (b.kv_used >= 3 * 12, "kv_used %llu", (unsigned long long) b.kv_used);
+    int n1 = s_res (run, 9, 1)->n;
+    cr_assert (n1 >= 2 && n1 < 40, "sibling 1 has %d tokens", n1);
+    /* unknown: nothing happens */
+    cr_assert_eq (rx_sched_abort_seq (s, 9, 3), 0);
+    cr_assert_eq (rx_sched_abort_seq (s, 777, 0), 0);
+    cr_assert_eq (rx_sched_abort_seq (NULL, 9, 0), 0);
+    s_snap (s, &a);
+    cr_assert_eq (a.running, 3);
+    cr_assert_eq (a.kv_used, b.kv_used);
+    /* sibling 1 alone */
+    cr_assert_eq (rx_sched_abort_seq (s, 9, 1), 1);
+    cr_assert_eq (rx_sched_abort_seq (s, 9, 1), 0, "aborted already");
+    s_snap (s, &a);
+    cr_assert_eq (a.running, 2);
+    /* its prompt and output slots, less the last sampled token (no KV yet) */
+    cr_assert_eq (b.kv_used - a.kv_used, (uint64_t) (12 + n1 - 1), "kv_used %llu -> %llu, n1 %d",
+                  (unsigned long long) b.kv_used, (unsigned long long) a.kv_used, n1);
+    cr_assert_eq (rx_sched_check (s, &err), RX_OK, "%s", err.msg);
+    /* the next step reports its finish, without tokens; the others decode */
+    cr_assert_eq (rx_sched_step (s, &out, &err), RX_OK, "%s", err.msg);
+    int seen_abort = 0, seen_other = 0;
+    for (uint32_t i = 0; i < out.tokens.n; i++) {
+        const struct rx_ipc_tok_out *t = &out.tokens.out[i];
+        cr_assert_eq (t->rid, 9);
+        if (t->index == 1) {
+            seen_abort++;
+            cr_assert_eq (t->finish, RX_FINISH_ABORT);
+            cr_assert_eq (t->n_ids, 0);
+        } else {
+            seen_other++;
+            cr_assert_eq (t->n_ids, 1);
+        }
+    }
+    cr_assert_eq (seen_abort, 1);
+    cr_assert_eq (seen_other, 2);
+    s_collect (run, &out);
+    s_drain (s, run, 200);
+    cr_assert_eq (run->n, 3);
+    cr_assert_eq (s_res (run, 9, 1)->n, n1, "no token after the abort");
+    cr_assert_eq (s_res (run, 9, 1)->finish, RX_FINISH_ABORT);
+    for (uint32_t i = 0; i < 3; i += 2) {
+        struct res *r = s_res (run, 9, i);
+        cr_assert_eq (r->n, 40, "sibling %u: %d tokens", i, r->n);
+        cr_assert_eq (r->finish, RX_FINISH_LENGTH);
+        struct rx_sampling sp = { .temperature = 1.0f, .top_k = 40, .top_p = 1, .min_p = 0, .seed = 42 + (uint64_t) i };
+        int32_t ref[40];
+        s_reference (&e, p, 12, 40, &sp, ref, NULL);
+        cr_assert_arr_eq (ref, r->ids, sizeof ref, "sibling %u equals seed %u alone", i, 42 + i);
+    }
+    s_snap (s, &a);
+    cr_assert_eq (a.kv_used, 0);
+    cr_assert_eq (rx_sched_abort_seq (s, 9, 0), 0, "finished");
+    free (run);
+    rx_sched_destroy (&s);
+
+    /* A waiting sibling (max_running_requests = 1): it never runs. */
+    o.max_running_requests = 1;
+    s = s_sched (&e, &o);
+    s_submit (s, 5, p, 12, 8, s_n3);
+    cr_assert_eq (rx_sched_step (s, &out, &err), RX_OK, "%s", err.msg);
+    s_snap (s, &a);
+    cr_assert_eq (a.running, 1);
+    cr_assert_eq (a.queued, 2);
+    run = calloc (1, sizeof *run);
+    s_collect (run, &out);
+    cr_assert_eq (rx_sched_abort_seq (s, 5, 2), 1);
+    s_snap (s, &a);
+    cr_assert_eq (a.queued, 1);
+    s_drain (s, run, 200);
+    cr_assert_eq (s_res (run, 5, 2)->n, 0);
+    cr_assert_eq (s_res (run, 5, 2)->finish, RX_FINISH_ABORT);
+    cr_assert_eq (s_res (run, 5, 0)->n, 8);
+    cr_assert_eq (s_res (run, 5, 1)->n, 8);
+    free (run);
+    rx_sched_destroy (&s);
+    s_env_close (&e);
+}
+
 static int32_t s_stop_tok, s_min_tokens;
 static void s_tw_stop (struct rx_request *r) { r->sp.n_stop_ids = 1; r->sp.stop_ids[0] = s_stop_tok; }
 static void s_tw_min (struct rx_request *r)
@@ -986,6 +1092,124 @@ Test (scheduler, conf_keys_reach_the_options)
     cr_assert_eq (rx_sched_kv_slots (b.conf, 1024, &freeb, &n, &err), RX_OK, "%s", err.msg);
     cr_assert_eq (n, 1024);   /* 1 MiB / 1 KiB per token, a multiple of 16 */
     rx_boot_close (&b);
+    free (path);
+    free (dir);
+}
+
+/* ------------------------------------ DP attention: admission, all_decode -- */
+
+/* A runs alone (prompt 20, max_tokens 200), then B (prompt 20, max_tokens
+ * 40) arrives, in a 256-slot pool without the radix cache.  After A's
+ * prefill the room is 236 slots and A may still need 199.  With the
+ * ordinary reserve (new_token_ratio 0.7: ~139) B's 20 + 40 fit and B is
+ * prefilled at once; with DP attention's floor (1: all 199) only 37 are
+ * left, so B waits -- decoding never needs a retraction -- until A is done.
+ * Along the way: the steps' all_decode and rx_sched_may_prefill. */
+static void s_admission (double floor, int *b_step, int *a_done, int *retracted)
+{
+    struct env e;
+    s_env_open (&e);
+    struct rx_sched_opts o = s_opts (&e, "fcfs");
+    o.n_slots = 256;
+    o.radix_cache = 0;
+    o.min_reserve_ratio = floor;
+    rx_sched_t *s = s_sched (&e, &o);
+    int32_t pa[20], pb[20];
+    s_lcg = 11;
+    pa[0] = pb[0] = 1;
+    for (int j = 1; j < 20; j++) {
+        pa[j] = s_rand_tok ();
+        pb[j] = s_rand_tok ();
+    }
+    cr_assert_eq (rx_sched_may_prefill (s), 0, "an empty scheduler will not prefill");
+    s_submit (s, 1, pa, 20, 200, NULL);
+    cr_assert_eq (rx_sched_may_prefill (s), 1, "a waiting request may be prefilled");
+    struct rx_err err = { 0 };
+    struct rx_sched_out out;
+    cr_assert_eq (rx_sched_step (s, &out, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (out.kind, RX_SCHED_PREFILL);
+    cr_assert_eq (out.all_decode, 0, "a prefill step is never all_decode");
+    cr_assert_eq (rx_sched_may_prefill (s), 0, "only A runs: the next step decodes");
+    cr_assert_eq (rx_sched_step (s, &out, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (out.kind, RX_SCHED_DECODE);
+    cr_assert_eq (out.all_decode, 1, "a decode step with the group flag 1");
+    rx_sched_set_group_decode (s, 0);   /* a peer rank prefills */
+    cr_assert_eq (rx_sched_step (s, &out, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (out.kind, RX_SCHED_DECODE);
+    cr_assert_eq (out.all_decode, 0, "a decode step while a peer prefills");
+    rx_sched_set_group_decode (s, 1);
+    s_submit (s, 2, pb, 20, 40, NULL);
+    cr_assert_eq (rx_sched_may_prefill (s), 1);
+    *b_step = *a_done = *retracted = 0;
+    int na = 3, nb = 0;   /* tokens of A so far (prefill + 2 decodes) */
+    for (int k = 4; k < 400 && !rx_sched_idle (s); k++) {
+        cr_assert_eq (rx_sched_step (s, &out, &err), RX_OK, "%s", err.msg);
+        cr_assert_eq (rx_sched_check (s, &err), RX_OK, "step %d: %s", k, err.msg);
+        cr_assert_eq (out.all_decode, out.kind == RX_SCHED_DECODE, "step %d: kind %d, all_decode %d", k,
+                      out.kind, out.all_decode);
+        *retracted += out.n_retracted;
+        for (uint32_t i = 0; i < out.tokens.n; i++) {
+            const struct rx_ipc_tok_out *t = &out.tokens.out[i];
+            if (t->rid == 1) {
+                na += (int) t->n_ids;
+                if (t->finish) *a_done = k;
+            } else if (t->rid == 2) {
+                if (!nb) *b_step = k;
+                nb += (int) t->n_ids;
+            }
+        }
+        if (*b_step == 0) cr_assert_eq (rx_sched_may_prefill (s), 1, "step %d: B still waits", k);
+    }
+    cr_assert (rx_sched_idle (s));
+    cr_assert_eq (na, 200);
+    cr_assert_eq (nb, 40);
+    rx_sched_destroy (&s);
+    s_env_close (&e);
+}
+
+Test (scheduler, ordinary_admission_takes_the_second_request_at_once)
+{
+    int b_step, a_done, retracted;
+    s_admission (0, &b_step, &a_done, &retracted);
+    cr_assert_eq (b_step, 4, "B prefilled at step %d, not at once", b_step);
+    cr_assert (a_done > b_step);
+}
+
+Test (scheduler, dp_attention_admission_keeps_the_whole_decode_reserve)
+{
+    int b_step, a_done, retracted;
+    s_admission (1.0, &b_step, &a_done, &retracted);
+    cr_assert (a_done > 0 && b_step > a_done, "B started at step %d, A finished at step %d", b_step, a_done);
+    cr_assert_eq (retracted, 0);
+}
+
+Test (scheduler, dp_attention_sets_the_reserve_floor_and_bad_floors_are_refused)
+{
+    char *dir = tu_tmpdir ();
+    char *path = tu_path (dir, "s.ini");
+    tu_write (path, "[parallel]\ndp_attention = true\n");
+    setenv ("RADIX_PLUGIN_PATH", tu_env ("RX_PLUGIN_BUILD_DIR"), 1);
+    struct rx_boot b;
+    struct rx_err err = { 0 };
+    cr_assert_eq (rx_boot_open (&b, path, 0, &err), RX_OK, "%s", err.msg);
+    struct rx_sched_opts o;
+    cr_assert_eq (rx_sched_opts_from_conf (b.conf, &o, &err), RX_OK);
+    cr_assert_float_eq (o.min_reserve_ratio, 1.0, 1e-12);
+    rx_boot_close (&b);
+    struct env e;
+    s_env_open (&e);
+    o = s_opts (&e, "fcfs");
+    cr_assert_float_eq (o.min_reserve_ratio, 0.0, 1e-12, "no DP attention: no floor");
+    const double bad[] = { -0.1, 1.5, NAN };
+    for (int i = 0; i < 3; i++) {
+        o.min_reserve_ratio = bad[i];
+        memset (&err, 0, sizeof err);
+        rx_sched_t *s = rx_sched_new (&e.boot, e.eng, &o, &err);
+        cr_assert_null (s);
+        cr_assert_eq (err.code, RX_EINVAL);
+        cr_assert_not_null (strstr (err.msg, "min_reserve_ratio"), "%s", err.msg);
+    }
+    s_env_close (&e);
     free (path);
     free (dir);
 }
