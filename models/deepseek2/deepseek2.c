@@ -38,10 +38,28 @@
  * through the MoE dispatcher (radix/moe.h) the core hands in env->moe
  * (required for a model with MoE blocks): dispatch (in chunks of
  * [moe] max_tokens_per_rank rows), one batched matmul per local expert,
- * combine (+= into the residual).  The shared expert is added after.
+ * combine (+= into the residual).  The shared experts are added before
+ * the routed sum (so that two-batch overlap, which runs them while the
+ * dispatch is in flight, adds in the same order).
  *
- * Tensor parallelism is not implemented: n_rank > 1 without DP attention
- * is refused at create.
+ * Tensor parallelism (env->n_rank = N > 1 without DP attention): every
+ * rank runs the same batch.  Rank r runs query heads [r*H/N, (r+1)*H/N)
+ * (uneven splits are fine; more ranks than heads is refused): its rows of
+ * attn_q / attn_q_b and of attn_kv_b (the absorbed W_UK / W_UV of its
+ * heads) are pointers into the mapping, its columns of attn_output a packed
+ * copy (on the quant type's blocks).  The latent path -- attn_q_a and its
+ * norm, attn_kv_a_mqa, kv_a_norm, k_pe -- is computed and stored WHOLE on
+ * every rank: the attention plugin gets H/N heads but the KV pool still
+ * holds the full latent row per token on each rank, so N ranks hold the
+ * tokens of one (the duplication DP attention avoids; docs/parallel.md).
+ * The attention output and the dense FFN (columns [f0, f1), as under DP
+ * attention) are row-parallel: partial products into hout, all_reduce
+ * (SUM), one add to the residual.  The MoE blocks are replicated: every
+ * rank routes and runs every expert (and the shared expert) on its
+ * identical rows through the dispatcher with ep_size 1 -- no collective,
+ * and the result is bitwise the same on every rank since the all-reduced
+ * residual is.  Embeddings, norms, the router and the LM head are
+ * replicated as in model-llama.
  *
  * DP attention (env->dp_attn, N = env->n_rank ranks), as model-llama does
  * it: each rank runs its own batches, holds its own latent KV and runs MLA
@@ -61,6 +79,15 @@
  * (n_tokens 0) that takes part in every collective; when every rank is
  * idle (M = 0) the layers are skipped on all of them alike.
  *
+ * Two-batch overlap ([scheduler] two_batch_overlap, env->two_batch_overlap;
+ * see s_forward_tbo): a step of at least 2 sequences (under DP attention:
+ * every step while a rank of the group has rows) runs its MoE blocks as two
+ * micro-batches cut at a sequence boundary (models/tbo.h), model-llama's
+ * schedule: MLA + router + shared experts of one while the other's
+ * dispatch / combine is in flight through the dispatcher's asynchronous
+ * ops (a second dispatcher instance for micro-batch 1).  The leading dense
+ * blocks run unsplit before.  Outputs equal the one-batch forward.
+ *
  * Every computation is a kernel-backend op (radix/kernel.h); scratch is
  * sized once by reserve(). */
 #include <math.h>
@@ -76,6 +103,8 @@
 
 #include "../batch.h"
 #include "../dp_ffn.h"
+#include "../moe_place.h"
+#include "../tbo.h"
 
 #define DS_MAX_LAYERS 1024
 #define DS_MAX_DIM    (1 << 20)
@@ -105,8 +134,12 @@ struct ds_model {
     void *moe;                                   /* created by reserve() */
     int32_t moe_max_tokens;                      /* env->moe_max_tokens (0: max_tokens) */
     int32_t moe_chunk;                           /* rows per dispatch */
+    struct rx_moe_place place;                   /* EPLB placement + recording (models/moe_place.h) */
+    int32_t moe_n_phys;                          /* the dispatcher's n_expert (slots) */
     /* DP attention (see the header comment) */
     int32_t rank, n_rank, dp_attn, ep_size;
+    int32_t tp;                                  /* tensor parallel: n_rank > 1, not dp_attn */
+    int32_t h0, h1;                              /* this rank's heads (all but under TP) */
     int32_t f0, f1;                              /* this rank's dense FFN columns */
     const struct rx_comm_ops *comm;
     void *comm_inst;
@@ -146,6 +179,14 @@ struct ds_model {
     float *h_probs;                              /* host [T][n_expert] */
     int32_t *h_topk;                             /* host [T][n_used] */
     float *h_wts;                                /* host [T][n_used] */
+    /* Two-batch overlap ([scheduler] two_batch_overlap, see s_forward_tbo):
+     * micro-batch 1's dispatcher instance (one exchange in flight per
+     * instance) and its rebased attention index arrays. */
+    int32_t tbo;
+    void *moe2;
+    int32_t moe2_n_phys;
+    int32_t *tbo_idx;                            /* device [2 (T+1)] */
+    int32_t *tbo_idx_h;                          /* host [2 (T+1)] */
 };
 
 /* ------------------------------------------------------------ helpers -- */
@@ -275,9 +316,10 @@ static int s_weight_part (struct ds_model *m, const struct rx_model_src *src, co
         const size_t blk = rx_dtype_block (v.dtype);
         if ((size_t) a0 % blk || (size_t) a1 % blk)
             return rx_err_set (err, RX_ENOTSUP,
-                               "%s: " DS_NAME ": DP attention: tensor %s (%s, blocks of %zu) cannot be split at columns %lld..%lld of %lld (rank %d of %d)",
-                               src->path, name, rx_dtype_name (v.dtype), blk, (long long) a0,
-                               (long long) a1, (long long) ne0, m->rank, m->n_rank);
+                               "%s: " DS_NAME ": %s: tensor %s (%s, blocks of %zu) cannot be split at columns %lld..%lld of %lld (rank %d of %d)",
+                               src->path, m->tp ? "tensor parallelism" : "DP attention", name,
+                               rx_dtype_name (v.dtype), blk, (long long) a0, (long long) a1, (long long) ne0,
+                               m->rank, m->n_rank);
         const size_t rb = rx_dtype_row_bytes (v.dtype, (size_t) ne0);
         const size_t off = (size_t) a0 / blk * rx_dtype_bytes (v.dtype);
         const size_t sb = (size_t) (a1 - a0) / blk * rx_dtype_bytes (v.dtype);
@@ -353,6 +395,12 @@ static void s_free_scratch (struct ds_model *m)
         m->k.ops->synchronize (m->k.be, m->k.stream, NULL);
     if (m->moe) m->moe_ops->destroy (m->moe);
     m->moe = NULL;
+    if (m->moe2) m->moe_ops->destroy (m->moe2);
+    m->moe2 = NULL;
+    m->moe2_n_phys = 0;
+    if (m->tbo_idx) m->k.ops->free_ (m->k.be, m->tbo_idx);
+    if (m->tbo_idx_h) m->host->free_ (m->host, m->tbo_idx_h);
+    m->tbo_idx = m->tbo_idx_h = NULL;
     if (m->f32_mem) m->k.ops->free_ (m->k.be, m->f32_mem);
     rx_model_stage_free (&m->stage, m->host, &m->k);
     if (m->d_topk) m->k.ops->free_ (m->k.be, m->d_topk);
@@ -373,6 +421,7 @@ static void s_destroy (void *p)
     struct ds_model *m = p;
     if (!m) return;
     s_free_scratch (m);
+    rx_moe_place_fini (&m->place);
     if (m->attn) m->attn_ops->destroy (m->attn);
     for (size_t i = 0; i < m->n_owned; i++)
         m->k.ops->weight_free (m->k.be, m->owned[i]);
@@ -530,20 +579,27 @@ static int s_weights (struct ds_model *m, const struct rx_model_src *src, struct
         char n[96];
 #define DS_N(suffix) (snprintf (n, sizeof n, "blk.%d." suffix, (int) l), n)
         if ((rc = s_vector (m, src, DS_N ("attn_norm.weight"), E, 0, &Y->attn_norm, err))) return rc;
+        /* Tensor parallelism: this rank's heads [h0, h1) of q, kv_b and
+         * attn_output (h0 0, h1 H otherwise: a0 = a1 = 0 loads whole). */
+        const int64_t h0 = m->tp ? m->h0 : 0, h1 = m->tp ? m->h1 : 0, per = hk - R + hv;
         if (m->q_lora > 0) {
             if ((rc = s_weight (m, src, DS_N ("attn_q_a.weight"), E, m->q_lora, 0, 0, &Y->wq_a, err))) return rc;
             if ((rc = s_vector (m, src, DS_N ("attn_q_a_norm.weight"), m->q_lora, 0, &Y->q_a_norm, err))) return rc;
-            if ((rc = s_weight (m, src, DS_N ("attn_q_b.weight"), m->q_lora, H * hk, 0, 0, &Y->wq_b, err))) return rc;
+            if ((rc = s_weight_part (m, src, DS_N ("attn_q_b.weight"), m->q_lora, H * hk, 0, 0, 0, h0 * hk,
+                                     h1 * hk, &Y->wq_b, err))) return rc;
         } else {
-            if ((rc = s_weight (m, src, DS_N ("attn_q.weight"), E, H * hk, 0, 0, &Y->wq, err))) return rc;
+            if ((rc = s_weight_part (m, src, DS_N ("attn_q.weight"), E, H * hk, 0, 0, 0, h0 * hk, h1 * hk,
+                                     &Y->wq, err))) return rc;
         }
         if ((rc = s_weight (m, src, DS_N ("attn_kv_a_mqa.weight"), E, L + R, 0, 0, &Y->wkv_a, err))) return rc;
         if ((rc = s_vector (m, src, DS_N ("attn_kv_a_norm.weight"), L, 0, &Y->kv_a_norm, err))) return rc;
-        if ((rc = s_weight (m, src, DS_N ("attn_kv_b.weight"), L, H * (hk - R + hv), 0, 0, &Y->wkv_b, err))) return rc;
-        if ((rc = s_weight (m, src, DS_N ("attn_output.weight"), H * hv, E, 0, 0, &Y->wo, err))) return rc;
+        if ((rc = s_weight_part (m, src, DS_N ("attn_kv_b.weight"), L, H * per, 0, 0, 0, h0 * per, h1 * per,
+                                 &Y->wkv_b, err))) return rc;
+        if ((rc = s_weight_part (m, src, DS_N ("attn_output.weight"), H * hv, E, 0, 0, 1, h0 * hv, h1 * hv,
+                                 &Y->wo, err))) return rc;
         if ((rc = s_vector (m, src, DS_N ("ffn_norm.weight"), E, 0, &Y->ffn_norm, err))) return rc;
         if (l < m->n_dense) {
-            /* DP attention: this rank's columns [f0, f1) (all of them on one rank). */
+            /* DP attention / TP: this rank's columns [f0, f1) (all of them on one rank). */
             const int64_t F = m->n_ff, a0 = m->f0, a1 = m->f1;
             if ((rc = s_weight_part (m, src, DS_N ("ffn_gate.weight"), E, F, 0, 0, 0, a0, a1, &Y->w_gate, err))) return rc;
             if ((rc = s_weight_part (m, src, DS_N ("ffn_up.weight"), E, F, 0, 0, 0, a0, a1, &Y->w_up, err))) return rc;
@@ -565,14 +621,25 @@ static int s_weights (struct ds_model *m, const struct rx_model_src *src, struct
     return RX_OK;
 }
 
-/* DP attention: this rank's dense FFN columns [f0, f1), split on
+/* DP attention or TP: this rank's dense FFN columns [f0, f1), split on
  * ffn_down's quant blocks (the largest of the dense blocks) so that its
- * column slice can be packed.  One rank: all of them. */
+ * column slice can be packed; under TP also its heads [h0, h1).  One rank:
+ * all of them. */
 static int s_split (struct ds_model *m, const struct rx_model_src *src, struct rx_err *err)
 {
     const int32_t N = m->n_rank, r = m->rank;
     m->f0 = 0;
     m->f1 = m->n_ff;
+    m->h0 = 0;
+    m->h1 = m->n_head;
+    if (m->tp) {
+        if (m->n_head < N)
+            return rx_err_set (err, RX_ENOTSUP,
+                               "%s: " DS_NAME ": tensor parallelism: %d ranks but only %d heads (attention.head_count): use at most %d ranks or DP attention",
+                               src->path, N, m->n_head, m->n_head);
+        m->h0 = (int32_t) ((int64_t) r * m->n_head / N);
+        m->h1 = (int32_t) ((int64_t) (r + 1) * m->n_head / N);
+    }
     if (N == 1 || m->n_dense == 0) return RX_OK;
     size_t blk = 1;
     for (int32_t l = 0; l < m->n_dense; l++) {
@@ -585,11 +652,20 @@ static int s_split (struct ds_model *m, const struct rx_model_src *src, struct r
     const int64_t nb = m->n_ff / (int64_t) blk;
     if (nb < N)
         return rx_err_set (err, RX_ENOTSUP,
-                           "%s: " DS_NAME ": DP attention: n_ff %d in blocks of %zu (ffn_down) cannot be split over %d ranks",
-                           src->path, m->n_ff, blk, N);
+                           "%s: " DS_NAME ": %s: n_ff %d in blocks of %zu (ffn_down) cannot be split over %d ranks",
+                           src->path, m->tp ? "tensor parallelism" : "DP attention", m->n_ff, blk, N);
     m->f0 = (int32_t) ((int64_t) r * nb / N * (int64_t) blk);
     m->f1 = r + 1 == N ? m->n_ff : (int32_t) ((int64_t) (r + 1) * nb / N * (int64_t) blk);
     return RX_OK;
+}
+
+/* Two-batch overlap: whether the dispatcher has the asynchronous ops
+ * (radix/moe.h ABI 1.1); without them the micro-batches run one after the
+ * other through m->moe (still correct). */
+static int s_tbo_has_async (const struct ds_model *m)
+{
+    return m->moe_ops && RX_HAS (struct rx_moe_ops, m->moe_ops, combine_wait) && m->moe_ops->dispatch_start
+           && m->moe_ops->dispatch_wait && m->moe_ops->combine_start && m->moe_ops->combine_wait;
 }
 
 static int s_create (const struct rx_host *host, const struct rx_model_src *src,
@@ -606,10 +682,12 @@ static int s_create (const struct rx_host *host, const struct rx_model_src *src,
     const int dp = env->n_rank > 1
                    && env->struct_size >= offsetof (struct rx_model_env, dp_attn) + sizeof env->dp_attn
                    && env->dp_attn;
-    if (env->n_rank > 1 && !dp)
-        return rx_err_set (err, RX_ENOTSUP,
-                           "%s: " DS_NAME ": tensor parallelism is not supported yet (rank %d of %d): run deepseek2 with tp_size = 1 or with DP attention",
-                           src->path, env->rank, env->n_rank);
+    if (env->n_rank > 1 && !dp
+        && (env->struct_size < offsetof (struct rx_model_env, comm_inst) + sizeof env->comm_inst
+            || !env->comm || !env->comm_inst || !env->comm->all_reduce))
+        return rx_err_set (err, RX_EINVAL,
+                           DS_NAME ": create: tensor-parallel rank %d of %d without a comm instance with all_reduce",
+                           env->rank, env->n_rank);
     if (dp
         && (env->struct_size < offsetof (struct rx_model_env, comm_inst) + sizeof env->comm_inst
             || !env->comm || !env->comm_inst || !env->comm->all_gather || !env->comm->reduce_scatter))
@@ -640,7 +718,12 @@ static int s_create (const struct rx_host *host, const struct rx_model_src *src,
     m->rank = env->rank;
     m->n_rank = env->n_rank;
     m->dp_attn = dp;
+    m->tp = env->n_rank > 1 && !dp;
     m->ep_size = ep;
+    if (m->tp) {
+        m->comm = env->comm;
+        m->comm_inst = env->comm_inst;
+    }
     if (dp) {
         m->comm = env->comm;
         m->comm_inst = env->comm_inst;
@@ -656,6 +739,8 @@ static int s_create (const struct rx_host *host, const struct rx_model_src *src,
         m->moe_host = env->moe_host ? env->moe_host : host;
         m->moe_max_tokens = env->moe_max_tokens;
     }
+    m->tbo = env->struct_size >= offsetof (struct rx_model_env, two_batch_overlap) + sizeof env->two_batch_overlap
+             && env->two_batch_overlap;
     int rc = s_hparams (m, src, err);
     if (rc == RX_OK && m->n_dense < m->n_layer && !m->moe_ops)
         rc = rx_err_set (err, RX_ENOTSUP,
@@ -667,10 +752,12 @@ static int s_create (const struct rx_host *host, const struct rx_model_src *src,
                          src->path, m->ep_size, m->n_expert);
     if (rc == RX_OK) rc = s_split (m, src, err);
     if (rc == RX_OK) rc = s_weights (m, src, err);
+    if (rc == RX_OK && m->n_dense < m->n_layer)
+        rc = rx_moe_place_init (&m->place, DS_NAME, env, m->n_layer - m->n_dense, m->n_expert, err);
     if (rc == RX_OK) {
         struct rx_attn_config c = {
             .struct_size = sizeof c, .kv_kind = RX_ATTN_KV_LATENT, .n_layer = m->n_layer,
-            .n_head = m->n_head, .n_kv_head = m->n_head, .hd_k = m->hd_k, .hd_v = m->hd_v,
+            .n_head = m->h1 - m->h0, .n_kv_head = m->h1 - m->h0, .hd_k = m->hd_k, .hd_v = m->hd_v,
             .kv_dtype = env->kv_dtype, .scale = m->attn_scale, .softcap = 0, .window = 0,
             .kv_lora_rank = m->kv_lora, .rope_dim = m->n_rot,
         };
@@ -695,6 +782,16 @@ static int s_create (const struct rx_host *host, const struct rx_model_src *src,
     if (m->dp_attn)
         RX_HLOG (host, RX_LOG_DEBUG, "%s: DP-attention rank %d of %d: dense FFN columns %d..%d, ep_size %d",
                  src->path, m->rank, m->n_rank, m->f0, m->f1 - 1, m->ep_size);
+    if (m->tp)
+        RX_HLOG (host, RX_LOG_DEBUG,
+                 "%s: tensor-parallel rank %d of %d: heads %d..%d, dense FFN columns %d..%d, MLA latent and MoE replicated",
+                 src->path, m->rank, m->n_rank, m->h0, m->h1 - 1, m->f0, m->f1 - 1);
+    if (m->tbo && m->n_dense < m->n_layer)
+        RX_HLOG (host, RX_LOG_INFO, "%s: two-batch overlap on (%s; the %d leading dense block(s) run unsplit)",
+                 src->path,
+                 s_tbo_has_async (m) ? "the dispatcher's exchanges overlap the other micro-batch"
+                                     : "the dispatcher has no asynchronous ops: micro-batches run one after the other",
+                 m->n_dense);
     *out = m;
     return RX_OK;
 }
@@ -705,12 +802,47 @@ static int s_info (void *p, struct rx_model_info *info)
     struct rx_model_info i = {
         .struct_size = info->struct_size, .arch = m->arch, .n_vocab = m->n_vocab,
         .n_ctx_train = m->n_ctx_train, .n_layer = m->n_layer, .n_embd = m->n_embd,
-        .n_head = m->n_head, .n_kv_head = m->n_head,
+        .n_head = m->h1 - m->h0, .n_kv_head = m->h1 - m->h0,
         .kv_bytes_per_token = m->attn_ops->kv_bytes_per_token (m->attn),
         .weight_bytes = m->weight_bytes, .n_params = m->n_params,
+        .n_moe_layer = m->n_layer - m->n_dense, .n_expert = m->n_dense < m->n_layer ? m->n_expert : 0,
     };
     size_t n = info->struct_size < sizeof i ? info->struct_size : sizeof i;
     memcpy (info, &i, n);
+    return RX_OK;
+}
+
+/* Two-batch overlap: the rebased index arrays and micro-batch 1's
+ * dispatcher instance (the same config as m->moe's, re-created when the
+ * placement changes the slot count); nothing when TBO is off or the model
+ * has no MoE block, no second instance without the asynchronous ops. */
+static int s_tbo_reserve (struct ds_model *m, struct rx_err *err)
+{
+    if (!m->tbo || m->n_dense >= m->n_layer || !m->moe) return RX_OK;
+    const size_t T = (size_t) m->max_tokens;
+    if (!m->tbo_idx) {
+        void *d;
+        int rc = m->k.ops->alloc (m->k.be, 2 * (T + 1) * sizeof (int32_t), 64, &d, err);
+        if (rc != RX_OK) return rc;
+        m->tbo_idx = d;
+        if (!(m->tbo_idx_h = m->host->alloc (m->host, 2 * (T + 1) * sizeof (int32_t), 64)))
+            return rx_err_set (err, RX_ENOMEM, DS_NAME ": out of memory (two-batch overlap indices)");
+    }
+    if (!s_tbo_has_async (m) || (m->moe2 && m->moe2_n_phys == m->moe_n_phys)) return RX_OK;
+    if (m->moe2) m->moe_ops->destroy (m->moe2);
+    m->moe2 = NULL;
+    struct rx_moe_config mc = {
+        .struct_size = sizeof mc, .n_expert = m->moe_n_phys, .n_expert_used = m->n_used,
+        .n_embd = m->n_embd, .max_tokens = m->moe_chunk, .ep_rank = m->ep_size > 1 ? m->rank : 0,
+        .ep_size = m->ep_size, .kops = m->k.ops, .kbe = m->k.be, .stream = m->k.stream,
+        .comm = m->ep_size > 1 ? m->comm : NULL, .comm_inst = m->ep_size > 1 ? m->comm_inst : NULL,
+    };
+    int rc = m->moe_ops->create (m->moe_host, &mc, &m->moe2, err);
+    if (rc != RX_OK) {
+        m->moe2 = NULL;
+        return rc;
+    }
+    m->moe2_n_phys = m->moe_n_phys;
     return RX_OK;
 }
 
@@ -782,7 +914,8 @@ static int s_reserve (void *p, uint64_t n_slots, int32_t max_tokens, struct rx_e
     m->moe_chunk = m->moe_max_tokens > 0 && m->moe_max_tokens < max_tokens ? m->moe_max_tokens : max_tokens;
     if (m->moe_ops && m->n_dense < m->n_layer) {
         struct rx_moe_config mc = {
-            .struct_size = sizeof mc, .n_expert = m->n_expert, .n_expert_used = m->n_used,
+            .struct_size = sizeof mc, .n_expert = rx_moe_place_n_physical (&m->place, m->n_expert),
+            .n_expert_used = m->n_used,
             .n_embd = m->n_embd, .max_tokens = m->moe_chunk, .ep_rank = m->ep_size > 1 ? m->rank : 0,
             .ep_size = m->ep_size, .kops = m->k.ops, .kbe = m->k.be, .stream = m->k.stream,
             .comm = m->ep_size > 1 ? m->comm : NULL, .comm_inst = m->ep_size > 1 ? m->comm_inst : NULL,
@@ -791,6 +924,8 @@ static int s_reserve (void *p, uint64_t n_slots, int32_t max_tokens, struct rx_e
             m->moe = NULL;
             goto fail;
         }
+        m->moe_n_phys = mc.n_expert;
+        if ((rc = s_tbo_reserve (m, err)) != RX_OK) goto fail;
     }
     m->n_slots = n_slots;
     return RX_OK;
@@ -809,20 +944,21 @@ static int s_check_batch (const struct ds_model *m, const struct rx_model_batch 
 
 #define DS_TRY(expr) do { int rc_ = (expr); if (rc_ != RX_OK) return rc_; } while (0)
 
-/* Host part of routing for n tokens: h_probs holds the unbiased scores.
- * choose: pick the experts from the selection scores sel_h (group-limited);
- * else h_topk already holds the device top-k.  Then the weights into h_wts. */
-static void s_route_host (const struct ds_model *m, size_t n, const float *sel_h, int choose)
+/* Host part of routing for the n tokens of rows [r0, r0 + n): h_probs holds
+ * the unbiased scores.  choose: pick the experts from the selection scores
+ * sel_h (group-limited; sel_h's row 0 is row r0); else h_topk already holds
+ * the device top-k.  Then the weights into h_wts. */
+static void s_route_host (const struct ds_model *m, size_t r0, size_t n, const float *sel_h, int choose)
 {
     const size_t NX = (size_t) m->n_expert, K = (size_t) m->n_used;
-    for (size_t t = 0; t < n; t++) {
+    for (size_t t = r0; t < r0 + n; t++) {
         const float *s = m->h_probs + t * NX;
         int32_t *ids = m->h_topk + t * K;
         if (choose) {
             /* Group-limited: keep the n_group_used groups with the largest
              * sum of their two best selection scores, then the top K of the
              * experts in them (lower index first on ties). */
-            const float *sel = sel_h + t * NX;
+            const float *sel = sel_h + (t - r0) * NX;
             const size_t G = (size_t) m->n_group, per = NX / G;
             uint8_t keep[DS_MAX_EXPERT];
             float gs[DS_MAX_EXPERT];
@@ -864,55 +1000,121 @@ static void s_route_host (const struct ds_model *m, size_t n, const float *sel_h
     }
 }
 
+/* The router of rows [r0, r0 + n) of h (see the header comment): scores,
+ * choice and weights into the same rows of probs / d_topk / wts, then the
+ * EPLB count and mapping (the copy choice counted from row r0, so that a
+ * micro-batch picks the copies the whole batch would).  Split from s_moe
+ * so that two-batch overlap routes each micro-batch on its own. */
+static int s_moe_route (struct ds_model *m, const struct ds_layer *Y, size_t r0, size_t n,
+                        struct rx_err *err)
+{
+    const struct rx_kernels_ops *K = m->k.ops;
+    void *be = m->k.be;
+    rx_kstream_t *st = m->k.stream;
+    const size_t E = (size_t) m->n_embd, NX = (size_t) m->n_expert, KK = (size_t) m->n_used;
+    if (n == 0) return RX_OK;
+    float *probs = m->probs + r0 * NX, *hp = m->h_probs + r0 * NX, *wts = m->wts + r0 * KK,
+          *hw = m->h_wts + r0 * KK;
+    int32_t *dk = m->d_topk + r0 * KK, *hk = m->h_topk + r0 * KK;
+    /* router: scores (unbiased) in probs, selection scores in sel */
+    DS_TRY (K->matmul (be, st, Y->w_gate_inp, -1, m->h + r0 * E, E, probs, NX, n, 0, err));
+    if (m->gating == DS_GATE_SIGMOID)
+        DS_TRY (K->sigmoid (be, st, probs, NX, probs, NX, n, NX, err));
+    else
+        DS_TRY (K->softmax (be, st, probs, NX, n, NX, 1.0f, err));
+    const float *sel = probs;
+    if (Y->probs_b) {
+        DS_TRY (K->add (be, st, probs, NX, Y->probs_b, 0, m->sel + r0 * NX, NX, n, NX, err));
+        sel = m->sel + r0 * NX;
+    }
+    const int groups = m->n_group > 1;
+    DS_TRY (K->copy_d2h (be, st, hp, probs, n * NX * sizeof (float), err));
+    float *sel_h = NULL;
+    if (groups) {
+        /* Group-limited selection on the host: it needs the biased
+         * selection scores too. */
+        sel_h = m->host->alloc (m->host, n * NX * sizeof (float), 64);
+        if (!sel_h) return rx_err_set (err, RX_ENOMEM, DS_NAME ": out of memory (expert groups)");
+        int rc = K->copy_d2h (be, st, sel_h, sel, n * NX * sizeof (float), err);
+        if (rc == RX_OK) rc = K->synchronize (be, st, err);
+        if (rc != RX_OK) {
+            m->host->free_ (m->host, sel_h);
+            return rc;
+        }
+        s_route_host (m, r0, n, sel_h, 1);
+        m->host->free_ (m->host, sel_h);
+        DS_TRY (K->copy_h2d (be, st, dk, hk, n * KK * sizeof (int32_t), err));
+    } else {
+        DS_TRY (K->topk (be, st, sel, NX, n, NX, KK, NULL, dk, err));
+        DS_TRY (K->copy_d2h (be, st, hk, dk, n * KK * sizeof (int32_t), err));
+        DS_TRY (K->synchronize (be, st, err));
+        s_route_host (m, r0, n, NULL, 0);
+    }
+    DS_TRY (K->copy_h2d (be, st, wts, hw, n * KK * sizeof (float), err));
+    /* EPLB: count the logical choices, map them to physical slots. */
+    const int32_t ml = (int32_t) (Y - m->layers) - m->n_dense;
+    rx_moe_place_count (&m->place, ml, hk, n, KK);
+    if (m->place.pl) {
+        rx_moe_place_map (&m->place, ml, hk, n, KK, m->rank + (int32_t) r0);
+        DS_TRY (K->copy_h2d (be, st, dk, hk, n * KK * sizeof (int32_t), err));
+    }
+    return RX_OK;
+}
+
+/* The local experts over the rows a dispatch handed out: expert e's rows of
+ * r->x through down(silu(gate_e x) * up_e x) into the same rows of r->y. */
+static int s_moe_experts (struct ds_model *m, const struct ds_layer *Y, const struct rx_moe_routed *r,
+                          struct rx_err *err)
+{
+    const struct rx_kernels_ops *K = m->k.ops;
+    void *be = m->k.be;
+    rx_kstream_t *st = m->k.stream;
+    const size_t E = (size_t) m->n_embd, FE = (size_t) m->n_ff_exp,
+                 PR = (size_t) m->max_tokens * (size_t) m->n_used;
+    for (int32_t e = 0; e < r->n_local_expert; e++) {
+        int ge = rx_moe_place_logical (&m->place, (int32_t) (Y - m->layers) - m->n_dense, r->first_expert + e);
+        /* gate/up hold T*K rows: an expert with more (rows from every
+         * rank of an expert-parallel group) runs in pieces. */
+        for (size_t r0 = (size_t) r->offsets[e]; r0 < (size_t) r->offsets[e + 1]; r0 += PR) {
+            const size_t left = (size_t) r->offsets[e + 1] - r0, nr = left < PR ? left : PR;
+            const float *xr = r->x + r0 * E;
+            DS_TRY (K->matmul (be, st, Y->w_gate_exps, ge, xr, E, m->gate, FE, nr, 0, err));
+            DS_TRY (K->matmul (be, st, Y->w_up_exps, ge, xr, E, m->up, FE, nr, 0, err));
+            DS_TRY (K->swiglu (be, st, m->gate, FE, m->up, FE, m->gate, FE, nr, FE, err));
+            DS_TRY (K->matmul (be, st, Y->w_down_exps, ge, m->gate, FE, r->y + r0 * E, E, nr, 0, err));
+        }
+    }
+    return RX_OK;
+}
+
+/* x += the shared experts of rows [r0, r0 + n) of h (this rank's own rows,
+ * not dispatched).  Added BEFORE the routed sum, in the one-batch forward
+ * too: two-batch overlap runs it in the first stage, while the dispatch
+ * is in flight, and the same order of the two additions keeps the results
+ * equal. */
+static int s_moe_shared (struct ds_model *m, const struct ds_layer *Y, size_t r0, size_t n,
+                         struct rx_err *err)
+{
+    const struct rx_kernels_ops *K = m->k.ops;
+    void *be = m->k.be;
+    rx_kstream_t *st = m->k.stream;
+    const size_t E = (size_t) m->n_embd, FS = (size_t) m->n_ff_exp * (size_t) m->n_shared;
+    if (m->n_shared <= 0 || n == 0) return RX_OK;
+    DS_TRY (K->matmul (be, st, Y->w_gate_sh, -1, m->h + r0 * E, E, m->gate, FS, n, 0, err));
+    DS_TRY (K->matmul (be, st, Y->w_up_sh, -1, m->h + r0 * E, E, m->up, FS, n, 0, err));
+    DS_TRY (K->swiglu (be, st, m->gate, FS, m->up, FS, m->gate, FS, n, FS, err));
+    return K->matmul (be, st, Y->w_down_sh, -1, m->gate, FS, m->x + r0 * E, E, n, RX_MM_ACCUMULATE, err);
+}
+
 /* x += MoE(h) for the n rows of h (see the header comment).  group_rows:
  * the DP group's largest row count (every rank makes the same number of
  * dispatch / combine calls; n may be 0, an idle rank), else n. */
 static int s_moe (struct ds_model *m, const struct ds_layer *Y, size_t n, size_t group_rows,
                   struct rx_err *err)
 {
-    const struct rx_kernels_ops *K = m->k.ops;
-    void *be = m->k.be;
-    rx_kstream_t *st = m->k.stream;
-    const size_t E = (size_t) m->n_embd, NX = (size_t) m->n_expert, KK = (size_t) m->n_used,
-                 FE = (size_t) m->n_ff_exp, PR = (size_t) m->max_tokens * KK;
-    if (n > 0) {
-        /* router: scores (unbiased) in probs, selection scores in sel */
-        DS_TRY (K->matmul (be, st, Y->w_gate_inp, -1, m->h, E, m->probs, NX, n, 0, err));
-        if (m->gating == DS_GATE_SIGMOID)
-            DS_TRY (K->sigmoid (be, st, m->probs, NX, m->probs, NX, n, NX, err));
-        else
-            DS_TRY (K->softmax (be, st, m->probs, NX, n, NX, 1.0f, err));
-        const float *sel = m->probs;
-        if (Y->probs_b) {
-            DS_TRY (K->add (be, st, m->probs, NX, Y->probs_b, 0, m->sel, NX, n, NX, err));
-            sel = m->sel;
-        }
-        const int groups = m->n_group > 1;
-        DS_TRY (K->copy_d2h (be, st, m->h_probs, m->probs, n * NX * sizeof (float), err));
-        float *sel_h = NULL;
-        if (groups) {
-            /* Group-limited selection on the host: it needs the biased
-             * selection scores too. */
-            sel_h = m->host->alloc (m->host, n * NX * sizeof (float), 64);
-            if (!sel_h) return rx_err_set (err, RX_ENOMEM, DS_NAME ": out of memory (expert groups)");
-            int rc = K->copy_d2h (be, st, sel_h, sel, n * NX * sizeof (float), err);
-            if (rc == RX_OK) rc = K->synchronize (be, st, err);
-            if (rc != RX_OK) {
-                m->host->free_ (m->host, sel_h);
-                return rc;
-            }
-            s_route_host (m, n, sel_h, 1);
-            m->host->free_ (m->host, sel_h);
-            DS_TRY (K->copy_h2d (be, st, m->d_topk, m->h_topk, n * KK * sizeof (int32_t), err));
-        } else {
-            DS_TRY (K->topk (be, st, sel, NX, n, NX, KK, NULL, m->d_topk, err));
-            DS_TRY (K->copy_d2h (be, st, m->h_topk, m->d_topk, n * KK * sizeof (int32_t), err));
-            DS_TRY (K->synchronize (be, st, err));
-            s_route_host (m, n, NULL, 0);
-        }
-        DS_TRY (K->copy_h2d (be, st, m->wts, m->h_wts, n * KK * sizeof (float), err));
-    }
-
+    const size_t E = (size_t) m->n_embd, KK = (size_t) m->n_used;
+    DS_TRY (s_moe_route (m, Y, 0, n, err));
+    DS_TRY (s_moe_shared (m, Y, 0, n, err));
     /* The routed experts through the dispatcher, in chunks of at most
      * its max_tokens rows ([moe] max_tokens_per_rank). */
     for (size_t c0 = 0; c0 < group_rows; c0 += (size_t) m->moe_chunk) {
@@ -921,28 +1123,8 @@ static int s_moe (struct ds_model *m, const struct ds_layer *Y, size_t n, size_t
         struct rx_moe_routed r = { .struct_size = sizeof r };
         DS_TRY (m->moe_ops->dispatch (m->moe, m->h + c0 * E, E, (int32_t) nc, m->d_topk + c0 * KK,
                                       m->wts + c0 * KK, &r, err));
-        for (int32_t e = 0; e < r.n_local_expert; e++) {
-            int ge = r.first_expert + e;
-            /* gate/up hold T*K rows: an expert with more (rows from every
-             * rank of an expert-parallel group) runs in pieces. */
-            for (size_t r0 = (size_t) r.offsets[e]; r0 < (size_t) r.offsets[e + 1]; r0 += PR) {
-                const size_t left = (size_t) r.offsets[e + 1] - r0, nr = left < PR ? left : PR;
-                const float *xr = r.x + r0 * E;
-                DS_TRY (K->matmul (be, st, Y->w_gate_exps, ge, xr, E, m->gate, FE, nr, 0, err));
-                DS_TRY (K->matmul (be, st, Y->w_up_exps, ge, xr, E, m->up, FE, nr, 0, err));
-                DS_TRY (K->swiglu (be, st, m->gate, FE, m->up, FE, m->gate, FE, nr, FE, err));
-                DS_TRY (K->matmul (be, st, Y->w_down_exps, ge, m->gate, FE, r.y + r0 * E, E, nr, 0, err));
-            }
-        }
+        DS_TRY (s_moe_experts (m, Y, &r, err));
         DS_TRY (m->moe_ops->combine (m->moe, m->x + c0 * E, E, RX_MM_ACCUMULATE, err));
-    }
-    /* The shared experts: this rank's own rows, not split. */
-    if (m->n_shared > 0 && n > 0) {
-        const size_t FS = FE * (size_t) m->n_shared;
-        DS_TRY (K->matmul (be, st, Y->w_gate_sh, -1, m->h, E, m->gate, FS, n, 0, err));
-        DS_TRY (K->matmul (be, st, Y->w_up_sh, -1, m->h, E, m->up, FS, n, 0, err));
-        DS_TRY (K->swiglu (be, st, m->gate, FS, m->up, FS, m->gate, FS, n, FS, err));
-        DS_TRY (K->matmul (be, st, Y->w_down_sh, -1, m->gate, FS, m->x, E, n, RX_MM_ACCUMULATE, err));
     }
     return RX_OK;
 }
@@ -979,86 +1161,90 @@ static int s_dp_ffn (struct ds_model *m, const struct ds_layer *Y, size_t n, siz
     return rx_dp_ffn (&v, Y->ffn_norm, Y->w_gate, Y->w_up, Y->w_down, n, M, err);
 }
 
-static int s_forward (void *p, const struct rx_model_batch *b, struct rx_err *err)
+/* x += in W^T for a row-parallel W (attn_output, the dense ffn_down) on
+ * rows [r0, r0 + nn) of x.  Under tensor parallelism each rank holds a
+ * partial product: into the same rows of hout (free until the output rows
+ * are gathered), summed over the ranks, added to the residual once.
+ * Otherwise W is whole. */
+static int s_row_parallel (struct ds_model *m, const rx_kweight_t *w, const float *in, size_t ld_in,
+                           size_t r0, size_t nn, struct rx_err *err)
 {
-    struct ds_model *m = p;
-    int rc = s_check_batch (m, b, err);
-    int32_t M = 0;
-    if (m->dp_attn && m->max_tokens > 0) {
-        /* Every rank takes part in the count exchange, a refused batch
-         * included (as -1), so the group fails together. */
-        struct rx_err e2 = { 0 };
-        int rc2 = s_dp_counts (m, rc == RX_OK && b ? b->n_tokens : -1, &M, rc == RX_OK ? err : &e2);
-        if (rc == RX_OK) rc = rc2;
-    }
-    if (rc != RX_OK) return rc;
-    if (b->n_tokens == 0) {
-        /* Idle (DP attention): only the FFN collectives of every layer, and
-         * none at all when every rank is idle. */
-        for (int32_t l = 0; l < m->n_layer && M > 0; l++) {
-            if (m->layers[l].w_gate) DS_TRY (s_dp_ffn (m, &m->layers[l], 0, (size_t) M, err));
-            else DS_TRY (s_moe (m, &m->layers[l], 0, (size_t) M, err));
-        }
-        return RX_OK;
-    }
+    const struct rx_kernels_ops *K = m->k.ops;
+    const size_t E = (size_t) m->n_embd;
+    float *x = m->x + r0 * E, *ho = m->hout + r0 * E;
+    if (!m->tp)
+        return K->matmul (m->k.be, m->k.stream, w, -1, in, ld_in, x, E, nn, RX_MM_ACCUMULATE, err);
+    DS_TRY (K->matmul (m->k.be, m->k.stream, w, -1, in, ld_in, ho, E, nn, 0, err));
+    DS_TRY (m->comm->all_reduce (m->comm_inst, m->k.stream, ho, ho, nn * E, RX_F32, RX_COMM_SUM, err));
+    return K->add (m->k.be, m->k.stream, x, E, ho, E, x, E, nn, E, err);
+}
+
+/* The attention half of layer l for rows [r0, r0 + nn) of the batch (ab
+ * describes exactly those rows' sequences; d_pos and d_new point at their
+ * rows): x += Wo MLA(rms_norm(x)); then for an MoE block h = rms_norm(x) *
+ * ffn_norm (the FFN's input; the dense FFN norms its own input). */
+static int s_attn (struct ds_model *m, const struct ds_layer *Y, int32_t l, const struct rx_attn_batch *ab,
+                   const int32_t *d_pos, const int32_t *d_new, size_t r0, size_t nn, struct rx_err *err)
+{
     const struct rx_kernels_ops *K = m->k.ops;
     void *be = m->k.be;
     rx_kstream_t *st = m->k.stream;
-    const int32_t n = b->n_tokens, T = m->max_tokens;
-    struct rx_model_batch_dev dv;
-    DS_TRY (rx_model_stage_upload (&m->stage, m->host, &m->k, T, b, DS_NAME, &dv, err));
-    const int32_t *d_tok = dv.tokens, *d_pos = dv.pos, *d_new = dv.new_slots;
-    const struct rx_attn_batch ab = {
-        .n_seq = b->n_seq, .n_tokens = n, .q_start = dv.q_start, .kv_start = dv.kv_start,
-        .slots = dv.kv_slots, .q_pos = d_pos,
-    };
-    if (RX_HAS (struct rx_attn_ops, m->attn_ops, prepare) && m->attn_ops->prepare)
-        DS_TRY (m->attn_ops->prepare (m->attn, &ab, err));
-
-    const size_t E = (size_t) m->n_embd, F = (size_t) m->n_ff, nn = (size_t) n;
-    const size_t H = (size_t) m->n_head, hk = (size_t) m->hd_k, L = (size_t) m->kv_lora,
+    const size_t E = (size_t) m->n_embd;
+    const size_t H = (size_t) (m->h1 - m->h0), hk = (size_t) m->hd_k, L = (size_t) m->kv_lora,
                  R = (size_t) m->n_rot, qd = H * hk, kvd = L + R, od = H * (size_t) m->hd_v,
                  QL = (size_t) m->q_lora;
-
-    DS_TRY (K->get_rows (be, st, m->tok_embd, d_tok, nn, m->x, E, err));
-    for (int32_t l = 0; l < m->n_layer; l++) {
-        const struct ds_layer *Y = &m->layers[l];
-        DS_TRY (K->rms_norm (be, st, m->x, E, Y->attn_norm, m->h, E, nn, E, m->eps, err));
-        if (Y->wq_a) {
-            DS_TRY (K->matmul (be, st, Y->wq_a, -1, m->h, E, m->qa, QL, nn, 0, err));
-            DS_TRY (K->rms_norm (be, st, m->qa, QL, Y->q_a_norm, m->qa, QL, nn, QL, m->eps, err));
-            DS_TRY (K->matmul (be, st, Y->wq_b, -1, m->qa, QL, m->q, qd, nn, 0, err));
-        } else {
-            DS_TRY (K->matmul (be, st, Y->wq, -1, m->h, E, m->q, qd, nn, 0, err));
-        }
-        DS_TRY (K->matmul (be, st, Y->wkv_a, -1, m->h, E, m->kv, kvd, nn, 0, err));
-        DS_TRY (K->rms_norm (be, st, m->kv, kvd, Y->kv_a_norm, m->kv, kvd, nn, L, m->eps, err));
-        DS_TRY (K->rope (be, st, m->q + (hk - R), qd, nn, H, hk, d_pos, &m->rope, err));
-        DS_TRY (K->rope (be, st, m->kv + L, kvd, nn, 1, R, d_pos, &m->rope, err));
-        const struct rx_attn_io io = {
-            .struct_size = sizeof io, .q = m->q, .ldq = qd, .k = m->kv, .ldk = kvd,
-            .v = NULL, .ldv = 0, .out = m->att, .ldo = od, .w_kv_b = Y->wkv_b,
-        };
-        DS_TRY (m->attn_ops->forward (m->attn, l, &ab, d_new, &io, err));
-        DS_TRY (K->matmul (be, st, Y->wo, -1, m->att, od, m->x, E, nn, RX_MM_ACCUMULATE, err));
-        if (m->dp_attn && Y->w_gate) {
-            DS_TRY (s_dp_ffn (m, Y, nn, (size_t) M, err));
-        } else if (Y->w_gate) {
-            DS_TRY (K->rms_norm (be, st, m->x, E, Y->ffn_norm, m->h, E, nn, E, m->eps, err));
-            DS_TRY (K->matmul (be, st, Y->w_gate, -1, m->h, E, m->gate, F, nn, 0, err));
-            DS_TRY (K->matmul (be, st, Y->w_up, -1, m->h, E, m->up, F, nn, 0, err));
-            DS_TRY (K->swiglu (be, st, m->gate, F, m->up, F, m->gate, F, nn, F, err));
-            DS_TRY (K->matmul (be, st, Y->w_down, -1, m->gate, F, m->x, E, nn, RX_MM_ACCUMULATE, err));
-        } else {
-            DS_TRY (K->rms_norm (be, st, m->x, E, Y->ffn_norm, m->h, E, nn, E, m->eps, err));
-            DS_TRY (s_moe (m, Y, nn, m->dp_attn ? (size_t) M : nn, err));
-        }
-        if (RX_HAS (struct rx_host, m->host, progress)) m->host->progress (m->host);
+    float *x = m->x + r0 * E, *h = m->h + r0 * E, *qa = m->qa + r0 * (QL > 0 ? QL : 1),
+          *q = m->q + r0 * qd, *kv = m->kv + r0 * kvd, *att = m->att + r0 * od;
+    DS_TRY (K->rms_norm (be, st, x, E, Y->attn_norm, h, E, nn, E, m->eps, err));
+    if (Y->wq_a) {
+        DS_TRY (K->matmul (be, st, Y->wq_a, -1, h, E, qa, QL, nn, 0, err));
+        DS_TRY (K->rms_norm (be, st, qa, QL, Y->q_a_norm, qa, QL, nn, QL, m->eps, err));
+        DS_TRY (K->matmul (be, st, Y->wq_b, -1, qa, QL, q, qd, nn, 0, err));
+    } else {
+        DS_TRY (K->matmul (be, st, Y->wq, -1, h, E, q, qd, nn, 0, err));
     }
-    if (b->n_out == 0) return RX_OK;
+    DS_TRY (K->matmul (be, st, Y->wkv_a, -1, h, E, kv, kvd, nn, 0, err));
+    DS_TRY (K->rms_norm (be, st, kv, kvd, Y->kv_a_norm, kv, kvd, nn, L, m->eps, err));
+    DS_TRY (K->rope (be, st, q + (hk - R), qd, nn, H, hk, d_pos, &m->rope, err));
+    DS_TRY (K->rope (be, st, kv + L, kvd, nn, 1, R, d_pos, &m->rope, err));
+    const struct rx_attn_io io = {
+        .struct_size = sizeof io, .q = q, .ldq = qd, .k = kv, .ldk = kvd,
+        .v = NULL, .ldv = 0, .out = att, .ldo = od, .w_kv_b = Y->wkv_b,
+    };
+    DS_TRY (m->attn_ops->forward (m->attn, l, ab, d_new, &io, err));
+    DS_TRY (s_row_parallel (m, Y->wo, att, od, r0, nn, err));
+    if (Y->w_gate) return RX_OK;
+    return K->rms_norm (be, st, x, E, Y->ffn_norm, h, E, nn, E, m->eps, err);
+}
 
+/* The dense FFN of block Y for the nn rows of the batch: under DP attention
+ * split over the ranks (s_dp_ffn, blocking collectives; M the group's
+ * largest row count), else x += down(silu(gate h) * up h), row-parallel
+ * under tensor parallelism. */
+static int s_dense (struct ds_model *m, const struct ds_layer *Y, size_t nn, size_t M, struct rx_err *err)
+{
+    const struct rx_kernels_ops *K = m->k.ops;
+    void *be = m->k.be;
+    rx_kstream_t *st = m->k.stream;
+    const size_t E = (size_t) m->n_embd, F = (size_t) (m->f1 - m->f0);
+    if (m->dp_attn) return s_dp_ffn (m, Y, nn, M, err);
+    DS_TRY (K->rms_norm (be, st, m->x, E, Y->ffn_norm, m->h, E, nn, E, m->eps, err));
+    DS_TRY (K->matmul (be, st, Y->w_gate, -1, m->h, E, m->gate, F, nn, 0, err));
+    DS_TRY (K->matmul (be, st, Y->w_up, -1, m->h, E, m->up, F, nn, 0, err));
+    DS_TRY (K->swiglu (be, st, m->gate, F, m->up, F, m->gate, F, nn, F, err));
+    return s_row_parallel (m, Y->w_down, m->gate, F, 0, nn, err);
+}
+
+/* logits = (rms_norm(x) * output_norm) Wout^T for the rows b asks for. */
+static int s_logits (struct ds_model *m, const struct rx_model_batch *b, struct rx_err *err)
+{
+    const struct rx_kernels_ops *K = m->k.ops;
+    void *be = m->k.be;
+    rx_kstream_t *st = m->k.stream;
+    const size_t E = (size_t) m->n_embd;
+    if (b->n_out == 0) return RX_OK;
     const float *src = m->x;
-    if (b->n_out != n) {
+    if (b->n_out != b->n_tokens) {
         for (int32_t j = 0; j < b->n_out;) {
             int32_t r0 = b->out_rows[j], len = 1;
             while (j + len < b->n_out && b->out_rows[j + len] == r0 + len) len++;
@@ -1073,10 +1259,280 @@ static int s_forward (void *p, const struct rx_model_batch *b, struct rx_err *er
                       (size_t) b->n_out, 0, err);
 }
 
+/* ------------------------------------------------------ two-batch overlap -- */
+
+/* One micro-batch of s_forward_tbo: its rows [r0, r0 + n) of the step,
+ * its attention batch, its dispatcher instance, and where its exchange
+ * stands (so that an error can drain what is in flight). */
+struct ds_mb {
+    size_t r0, n;
+    struct rx_attn_batch ab;
+    const int32_t *d_pos, *d_new;
+    void *moe;
+    size_t c0, cn;          /* the chunk whose exchange is started */
+    int pend;               /* 0 none, 1 dispatch started, 2 combine started */
+};
+
+/* dispatch_start of the micro-batch's last chunk (without the async ops
+ * nothing: the blocking dispatch runs at the wait). */
+static int s_mb_dstart (struct ds_model *m, struct ds_mb *b, struct rx_err *err)
+{
+    const size_t E = (size_t) m->n_embd, KK = (size_t) m->n_used, r = b->r0 + b->c0;
+    if (s_tbo_has_async (m))
+        DS_TRY (m->moe_ops->dispatch_start (b->moe, m->h + r * E, E, (int32_t) b->cn, m->d_topk + r * KK,
+                                            m->wts + r * KK, err));
+    b->pend = 1;
+    return RX_OK;
+}
+
+/* Stage B: dispatch_wait, the local experts, combine_start. */
+static int s_mb_dwait (struct ds_model *m, const struct ds_layer *Y, struct ds_mb *b, struct rx_err *err)
+{
+    const size_t E = (size_t) m->n_embd, KK = (size_t) m->n_used, r = b->r0 + b->c0;
+    const int async = s_tbo_has_async (m);
+    struct rx_moe_routed rt = { .struct_size = sizeof rt };
+    b->pend = 0;
+    if (async) DS_TRY (m->moe_ops->dispatch_wait (b->moe, &rt, err));
+    else DS_TRY (m->moe_ops->dispatch (b->moe, m->h + r * E, E, (int32_t) b->cn, m->d_topk + r * KK,
+                                       m->wts + r * KK, &rt, err));
+    DS_TRY (s_moe_experts (m, Y, &rt, err));
+    if (async) DS_TRY (m->moe_ops->combine_start (b->moe, m->x + r * E, E, RX_MM_ACCUMULATE, err));
+    else DS_TRY (m->moe_ops->combine (b->moe, m->x + r * E, E, RX_MM_ACCUMULATE, err));
+    b->pend = async ? 2 : 0;
+    return RX_OK;
+}
+
+static int s_mb_cwait (struct ds_model *m, struct ds_mb *b, struct rx_err *err)
+{
+    if (b->pend != 2) return RX_OK;
+    b->pend = 0;
+    return m->moe_ops->combine_wait (b->moe, err);
+}
+
+/* Stage A of micro-batch b in MoE layer l: finish its previous layer's
+ * combine, MLA attention + router + shared experts over its rows, every
+ * chunk but the last dispatched and combined at once, the last one's
+ * dispatch started.  nc: the chunks per micro-batch, the same on every
+ * rank under DP attention. */
+static int s_mb_front (struct ds_model *m, const struct ds_layer *Y, int32_t l, struct ds_mb *b,
+                       size_t nc, struct rx_err *err)
+{
+    const size_t E = (size_t) m->n_embd, KK = (size_t) m->n_used, C = (size_t) m->moe_chunk;
+    DS_TRY (s_mb_cwait (m, b, err));
+    if (b->n > 0) {
+        /* attn-mla plans per batch (prepare): plan this micro-batch again,
+         * the two alternate in every layer. */
+        if (RX_HAS (struct rx_attn_ops, m->attn_ops, prepare))
+            DS_TRY (m->attn_ops->prepare (m->attn, &b->ab, err));
+        DS_TRY (s_attn (m, Y, l, &b->ab, b->d_pos, b->d_new, b->r0, b->n, err));
+        DS_TRY (s_moe_route (m, Y, b->r0, b->n, err));
+        DS_TRY (s_moe_shared (m, Y, b->r0, b->n, err));
+    }
+    for (size_t c = 0; c < nc; c++) {
+        const size_t c0 = c * C, cn = c0 >= b->n ? 0 : b->n - c0 < C ? b->n - c0 : C;
+        if (c + 1 == nc) {
+            b->c0 = c0;
+            b->cn = cn;
+            return s_mb_dstart (m, b, err);
+        }
+        const size_t r = b->r0 + c0;
+        struct rx_moe_routed rt = { .struct_size = sizeof rt };
+        DS_TRY (m->moe_ops->dispatch (b->moe, m->h + r * E, E, (int32_t) cn, m->d_topk + r * KK,
+                                      m->wts + r * KK, &rt, err));
+        DS_TRY (s_moe_experts (m, Y, &rt, err));
+        DS_TRY (m->moe_ops->combine (b->moe, m->x + r * E, E, RX_MM_ACCUMULATE, err));
+    }
+    return RX_OK;
+}
+
+/* Whether this step runs as two micro-batches: TBO on, a model with MoE
+ * blocks, and -- alone or tensor-parallel -- at least 2 sequences; under
+ * DP attention always while a rank of the group has rows (M > 0),
+ * whatever this rank's batch, so every rank makes the same collective
+ * calls (1 sequence: (all, empty); idle: two empties). */
+static int s_tbo_on (const struct ds_model *m, const struct rx_model_batch *b, int32_t M)
+{
+    if (!m->tbo || m->n_dense >= m->n_layer || !m->tbo_idx || !m->moe) return 0;
+    return m->dp_attn ? M > 0 : b->n_seq >= 2;
+}
+
+/* One step as two micro-batches (models/tbo.h cuts the batch at a sequence
+ * boundary), model-llama's schedule per MoE layer:
+ *     A(0): combine_wait(0), MLA(0), router(0), shared experts(0), dispatch_start(0)
+ *     A(1): combine_wait(1), MLA(1), router(1), shared experts(1), dispatch_start(1)
+ *     B(0): dispatch_wait(0), experts(0), combine_start(0)
+ *     B(1): dispatch_wait(1), experts(1), combine_start(1)
+ * The leading dense blocks run BEFORE the split, on the whole batch, as in
+ * the one-batch forward: under DP attention their FFN is a blocking
+ * all-gather + reduce-scatter (no asynchronous half to overlap), so split
+ * they would only double the collectives; unsplit, every rank issues them
+ * in the same order by construction (an idle rank too: n = 0 rows).  They
+ * are a few blocks of many (DeepSeek-V3: 3 of 61).  The results equal the
+ * one-batch forward: rows never mix across sequences outside the MoE, each
+ * token's expert sum has a fixed order (radix/moe.h), the shared experts
+ * are added before the routed sum in both, and the EPLB copy choice counts
+ * rows from the batch's first. */
+static int s_forward_tbo (struct ds_model *m, const struct rx_model_batch *b, int32_t M, struct rx_err *err)
+{
+    const struct rx_kernels_ops *K = m->k.ops;
+    const int32_t n = b->n_tokens, T = m->max_tokens;
+    int rc = RX_OK;
+    if (m->moe2_n_phys != m->moe_n_phys) DS_TRY (s_tbo_reserve (m, err));   /* placement changed */
+    struct ds_mb mb[2];
+    memset (mb, 0, sizeof mb);
+    mb[0].moe = m->moe;
+    mb[1].moe = m->moe2 && s_tbo_has_async (m) ? m->moe2 : m->moe;
+    struct rx_attn_batch whole = { 0 };
+    const int32_t *d_pos = NULL, *d_new = NULL;
+    if (n > 0) {
+        struct rx_model_batch_dev dv;
+        DS_TRY (rx_model_stage_upload (&m->stage, m->host, &m->k, T, b, DS_NAME, &dv, err));
+        int32_t s = rx_tbo_split (b->q_start, b->n_seq);
+        if (s == 0) s = b->n_seq;   /* one sequence (DP attention): (all, empty) */
+        const int32_t t1 = b->q_start[s];
+        struct rx_model_batch sub;
+        int32_t *qs = m->tbo_idx_h, *ks = m->tbo_idx_h + T + 1;
+        rx_tbo_sub (b, s, b->n_seq, qs, ks, &sub);
+        DS_TRY (K->copy_h2d (m->k.be, m->k.stream, m->tbo_idx, m->tbo_idx_h,
+                             2 * ((size_t) T + 1) * sizeof (int32_t), err));
+        whole = (struct rx_attn_batch) {
+            .n_seq = b->n_seq, .n_tokens = n, .q_start = dv.q_start, .kv_start = dv.kv_start,
+            .slots = dv.kv_slots, .q_pos = dv.pos,
+        };
+        d_pos = dv.pos;
+        d_new = dv.new_slots;
+        mb[0].n = (size_t) t1;
+        mb[0].ab = (struct rx_attn_batch) {
+            .n_seq = s, .n_tokens = t1, .q_start = dv.q_start, .kv_start = dv.kv_start,
+            .slots = dv.kv_slots, .q_pos = dv.pos,
+        };
+        mb[0].d_pos = dv.pos;
+        mb[0].d_new = dv.new_slots;
+        mb[1].r0 = (size_t) t1;
+        mb[1].n = (size_t) (n - t1);
+        mb[1].ab = (struct rx_attn_batch) {
+            .n_seq = sub.n_seq, .n_tokens = sub.n_tokens, .q_start = m->tbo_idx,
+            .kv_start = m->tbo_idx + T + 1, .slots = dv.kv_slots + b->kv_start[s], .q_pos = dv.pos + t1,
+        };
+        mb[1].d_pos = dv.pos + t1;
+        mb[1].d_new = dv.new_slots + t1;
+        DS_TRY (K->get_rows (m->k.be, m->k.stream, m->tok_embd, dv.tokens, (size_t) n, m->x,
+                             (size_t) m->n_embd, err));
+    }
+    /* The leading dense blocks, unsplit. */
+    if (n > 0 && m->n_dense > 0 && RX_HAS (struct rx_attn_ops, m->attn_ops, prepare))
+        DS_TRY (m->attn_ops->prepare (m->attn, &whole, err));
+    for (int32_t l = 0; l < m->n_dense; l++) {
+        if (n > 0) DS_TRY (s_attn (m, &m->layers[l], l, &whole, d_pos, d_new, 0, (size_t) n, err));
+        DS_TRY (s_dense (m, &m->layers[l], (size_t) n, (size_t) M, err));
+        if (RX_HAS (struct rx_host, m->host, progress)) m->host->progress (m->host);
+    }
+    /* Chunks per micro-batch: alone from its own rows; under DP attention
+     * from the group's largest batch M (>= either micro-batch of any rank),
+     * so every rank makes the same number of dispatch calls. */
+    const size_t C = (size_t) m->moe_chunk;
+    size_t nc[2];
+    for (int i = 0; i < 2; i++) {
+        size_t rows = m->dp_attn ? (size_t) M : mb[i].n;
+        nc[i] = rows == 0 ? 1 : (rows + C - 1) / C;
+    }
+    for (int32_t l = m->n_dense; l < m->n_layer && rc == RX_OK; l++) {
+        const struct ds_layer *Y = &m->layers[l];
+        for (int i = 0; i < 2 && rc == RX_OK; i++) rc = s_mb_front (m, Y, l, &mb[i], nc[i], err);
+        for (int i = 0; i < 2 && rc == RX_OK; i++) rc = s_mb_dwait (m, Y, &mb[i], err);
+        if (RX_HAS (struct rx_host, m->host, progress)) m->host->progress (m->host);
+    }
+    for (int i = 0; i < 2 && rc == RX_OK; i++) rc = s_mb_cwait (m, &mb[i], err);
+    if (rc != RX_OK) {
+        /* Drain what is still in flight so the instances are reusable (the
+         * group is broken anyway if a collective failed). */
+        for (int i = 0; i < 2; i++) {
+            struct rx_err e2 = { 0 };
+            struct rx_moe_routed rt = { .struct_size = sizeof rt };
+            if (mb[i].pend == 1 && s_tbo_has_async (m)) m->moe_ops->dispatch_wait (mb[i].moe, &rt, &e2);
+            if (mb[i].pend == 2) m->moe_ops->combine_wait (mb[i].moe, &e2);
+        }
+        return rc;
+    }
+    return n > 0 ? s_logits (m, b, err) : RX_OK;
+}
+
+static int s_forward (void *p, const struct rx_model_batch *b, struct rx_err *err)
+{
+    struct ds_model *m = p;
+    int rc = s_check_batch (m, b, err);
+    int32_t M = 0;
+    if (m->dp_attn && m->max_tokens > 0) {
+        /* Every rank takes part in the count exchange, a refused batch
+         * included (as -1), so the group fails together. */
+        struct rx_err e2 = { 0 };
+        int rc2 = s_dp_counts (m, rc == RX_OK && b ? b->n_tokens : -1, &M, rc == RX_OK ? err : &e2);
+        if (rc == RX_OK) rc = rc2;
+    }
+    if (rc != RX_OK) return rc;
+    if (s_tbo_on (m, b, M)) return s_forward_tbo (m, b, M, err);
+    if (b->n_tokens == 0) {
+        /* Idle (DP attention): only the FFN collectives of every layer, and
+         * none at all when every rank is idle. */
+        for (int32_t l = 0; l < m->n_layer && M > 0; l++) {
+            if (m->layers[l].w_gate) DS_TRY (s_dp_ffn (m, &m->layers[l], 0, (size_t) M, err));
+            else DS_TRY (s_moe (m, &m->layers[l], 0, (size_t) M, err));
+        }
+        return RX_OK;
+    }
+    const int32_t n = b->n_tokens, T = m->max_tokens;
+    struct rx_model_batch_dev dv;
+    DS_TRY (rx_model_stage_upload (&m->stage, m->host, &m->k, T, b, DS_NAME, &dv, err));
+    const struct rx_attn_batch ab = {
+        .n_seq = b->n_seq, .n_tokens = n, .q_start = dv.q_start, .kv_start = dv.kv_start,
+        .slots = dv.kv_slots, .q_pos = dv.pos,
+    };
+    if (RX_HAS (struct rx_attn_ops, m->attn_ops, prepare) && m->attn_ops->prepare)
+        DS_TRY (m->attn_ops->prepare (m->attn, &ab, err));
+    const size_t nn = (size_t) n;
+    DS_TRY (m->k.ops->get_rows (m->k.be, m->k.stream, m->tok_embd, dv.tokens, nn, m->x, (size_t) m->n_embd, err));
+    for (int32_t l = 0; l < m->n_layer; l++) {
+        const struct ds_layer *Y = &m->layers[l];
+        DS_TRY (s_attn (m, Y, l, &ab, dv.pos, dv.new_slots, 0, nn, err));
+        if (Y->w_gate) DS_TRY (s_dense (m, Y, nn, (size_t) M, err));
+        else DS_TRY (s_moe (m, Y, nn, m->dp_attn ? (size_t) M : nn, err));
+        /* A long prefill is busy, not hung: tell radixd's watchdog. */
+        if (RX_HAS (struct rx_host, m->host, progress)) m->host->progress (m->host);
+    }
+    return s_logits (m, b, err);
+}
+
 static const char *s_default_attention (const char *arch)
 {
     (void) arch;
     return "mla";
+}
+
+/* EPLB (radix/model.h set_placement): take the placement; a new slot
+ * count re-creates the dispatcher with the same chunk. */
+static int s_set_placement (void *p, const struct rx_moe_placement *pl, struct rx_err *err)
+{
+    struct ds_model *m = p;
+    if (m->n_dense >= m->n_layer)
+        return rx_err_set (err, RX_EINVAL, DS_NAME ": set_placement: the model has no MoE layers");
+    DS_TRY (rx_moe_place_set (&m->place, DS_NAME, pl, m->n_layer - m->n_dense, m->n_expert, err));
+    const int32_t n_phys = rx_moe_place_n_physical (&m->place, m->n_expert);
+    if (!m->moe || n_phys == m->moe_n_phys) return RX_OK;
+    m->moe_ops->destroy (m->moe);
+    m->moe = NULL;
+    struct rx_moe_config mc = {
+        .struct_size = sizeof mc, .n_expert = n_phys, .n_expert_used = m->n_used,
+        .n_embd = m->n_embd, .max_tokens = m->moe_chunk, .ep_rank = m->ep_size > 1 ? m->rank : 0,
+        .ep_size = m->ep_size, .kops = m->k.ops, .kbe = m->k.be, .stream = m->k.stream,
+        .comm = m->ep_size > 1 ? m->comm : NULL, .comm_inst = m->ep_size > 1 ? m->comm_inst : NULL,
+    };
+    int rc = m->moe_ops->create (m->moe_host, &mc, &m->moe, err);
+    if (rc != RX_OK) {
+        m->moe = NULL;
+        return rc;
+    }
+    m->moe_n_phys = n_phys;
+    return RX_OK;
 }
 
 static const char *const s_archs[] = { "deepseek2", NULL };
@@ -1090,6 +1546,7 @@ static const struct rx_model_ops s_ops = {
     .info = s_info,
     .reserve = s_reserve,
     .forward = s_forward,
+    .set_placement = s_set_placement,
 };
 
 RX_PLUGIN_DEFINE (.kind = RX_KIND_MODEL, .name = "deepseek2", .version = "0.1.0",

@@ -15,6 +15,12 @@ ranks) and one kernel thread per rank:
   the scheduler's test hook) stops the daemon; without it the check passes.
 - dp_attention with 2 ranks: the same outputs, one rank idle while the
   other works does not hang, twice tp1's KV tokens.
+- deepseek2 (MLA, ../shared/data/models/tiny-deepseek2.gguf): tp_size 2 and
+  conf/radixd-dp-attention.ini's DP attention + expert parallelism (ep_size
+  2, dispatcher ep_auto) give tp1's greedy tokens; with the same kv_memory
+  per rank TP holds tp1's KV tokens (the latent is stored whole on every
+  rank) and DP attention twice as many (the measurement of
+  docs/parallel.md).
 - configurations that cannot work are refused at once, with one line.
 
 Random-weight models have near ties: a different split of a reduction can
@@ -22,6 +28,7 @@ flip the greedy choice where the top two logprobs are within rounding.  So
 an output may differ from the reference only where the reference's top-2
 gap is under 1e-3 and the rank's choice is the reference's second one."""
 
+import configparser
 import http.client
 import os
 import re
@@ -33,7 +40,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from rxtest import (Daemon, Fail, _proc_stat, diag, eq, expect, in_thread, proc_name, run,  # noqa: E402
-                    short, stream_json, test, wait_until)
+                    shared_path, short, stream_json, test, wait_until)
+import sibling_stop  # noqa: E402
 
 PROMPTS = [
     "Once upon a time",
@@ -300,6 +308,8 @@ def dp_test(name, tp):
         concurrent(d, 8, name)
         for p in PROMPTS[:3]:
             same_ids(p, generate(d, p)[0], "%s /generate" % name)
+        # REQ_ABORT_SEQ through the DP controller (and rank 0's broadcast)
+        sibling_stop.check(d, name)
         st = stats(d)
         eq(st.get("kv_total_tokens"), 2 * kv1, "%s: KV tokens (two replicas of tp1's)" % name)
         expect(st.get("finished", 0) >= 11, "%s: finished requests in the stats: %s" % (name, short(st)))
@@ -353,6 +363,157 @@ def test_dp_attention_2_ranks():
         expect(min(per) >= 1, "dp-attention: dispatched %s: both ranks must serve" % per)
     finally:
         d.close()
+
+
+# ---- deepseek2 (MLA): tensor parallelism vs DP attention ---------------------------
+
+_ds_ref = {}
+
+
+DS_KV = "8MiB"      # per rank: small enough that memory, not the 64 x context cap, sets the pool
+DS_CAP = 64 * 512   # core/engine.c's cap: 64 x tiny-deepseek2's context length
+
+
+def ds_sections(**par):
+    out = sections(**par)
+    out["model"] = {"path": shared_path("data/models/tiny-deepseek2.gguf")}
+    out["cache"] = {"kv_memory": DS_KV}
+    return out
+
+
+def ds_same(base, d, what, prompts=PROMPTS[:3]):
+    """d's greedy ids equal base's (the deepseek2 tp1 daemon), up to a
+    near tie resolved the other way (as same_ids)."""
+    for p in prompts:
+        if p not in _ds_ref:
+            ids, top, _, _ = generate(base, p, top=2)
+            _ds_ref[p] = (ids, top)
+        want, top = _ds_ref[p]
+        got = generate(d, p)[0]
+        eq(len(got), len(want), "%s: tokens of %r" % (what, p))
+        for i, (a, b) in enumerate(zip(got, want)):
+            if a == b:
+                continue
+            (lp0, _, _), (lp1, id1, _) = top[i][0], top[i][1]
+            expect(lp0 - lp1 < TIE and a == id1,
+                   "%s: %r differs from deepseek2 tp1 at token %d: got %d, want %d (top-2 gap %.3g)"
+                   % (what, p, i, a, b, lp0 - lp1))
+            diag("%s: %r differs at token %d, a near tie" % (what, p, i))
+            break
+
+
+def example_ini():
+    """conf/radixd-dp-attention.ini's sections, its relative [model] path
+    resolved against conf/ (as radixd does)."""
+    path = os.path.join(os.environ.get("RX_TOP_SRCDIR", "."), "conf", "radixd-dp-attention.ini")
+    cp = configparser.ConfigParser(inline_comment_prefixes=(";",), comment_prefixes=(";", "#"))
+    expect(cp.read(path) == [path], "cannot read %s" % path)
+    out = {sec: dict(cp[sec]) for sec in cp.sections()}
+    out["model"]["path"] = os.path.normpath(os.path.join(os.path.dirname(path), out["model"]["path"]))
+    return out
+
+
+ITER_RE = re.compile(r"\[sched\.dp(\d+)\] scheduler: DP attention iteration (\d+): all_decode (\d) "
+                     r"\(rank \d+ ran (\w+)\)")
+
+
+IDLE_RE = re.compile(r"\[sched\.dp(\d+)\] (?:engine: idle forward on DP-attention rank \d+ of \d+ "
+                     r"\(all_decode (\d)\)|scheduler: DP attention iteration (\d+): all_decode (\d) "
+                     r"\(rank \d+ ran (\w+)\))")
+
+
+def all_decode_flag(d):
+    """The all-reduce(MIN) "every rank is decoding" flag (core/sched_proc.c,
+    debug lines): a long request decodes on one rank while a second one is
+    prefilled on the other -- that iteration's flag is 0 on both ranks;
+    while both decode it is 1; it is never 1 in an iteration where a rank
+    prefilled."""
+    body = gen_body("Once upon a time")
+    body["sampling_params"]["max_new_tokens"] = 400
+    mark = len(d.log_text())
+    h = in_thread(d.ok_json, "POST", "/generate", body)
+    expect(wait_until(lambda: "ran decode" in d.log_text()[mark:], 20), "no rank decodes the long request")
+    generate(d, "Hello world")          # shortest_queue: the other rank, while the first decodes
+    h.result(timeout=60)
+    it = {}
+    for rank, n, flag, kind in ITER_RE.findall(d.log_text()[mark:]):
+        it.setdefault(int(n), {})[int(rank)] = (int(flag), kind)
+    both = {n: v for n, v in it.items() if len(v) == 2}
+    expect(len(both) > 20, "DP attention iteration lines of both ranks: %d" % len(both))
+    mixed = full = 0
+    for n, v in sorted(both.items()):
+        flags = {f for f, _ in v.values()}
+        kinds = sorted(k for _, k in v.values())
+        eq(len(flags), 1, "iteration %d: the ranks' all_decode differ: %s" % (n, v))
+        flag = flags.pop()
+        expect(not (flag and "prefill" in kinds), "iteration %d: all_decode 1 but a rank prefilled: %s" % (n, v))
+        mixed += kinds == ["decode", "prefill"] and flag == 0
+        full += kinds == ["decode", "decode"] and flag == 1
+    # An idle rank's model gets the group's flag in its empty batch (core/
+    # engine.c rx_engine_idle_group logs it just before the iteration line).
+    idle = {0: 0, 1: 0}
+    pend, seen = {}, set()
+    for rank, eflag, n, flag, kind in IDLE_RE.findall(d.log_text()[mark:]):
+        if eflag:
+            pend[rank] = int(eflag)
+            continue
+        got = pend.pop(rank, None)
+        if rank not in seen:        # its idle line may precede the mark
+            seen.add(rank)
+        elif kind == "idle":
+            expect(got is not None, "iteration %s: rank %s ran idle without an idle forward line" % (n, rank))
+            eq(got, int(flag), "iteration %s: rank %s's idle batch all_decode vs the group flag" % (n, rank))
+            idle[int(flag)] += 1
+        else:
+            expect(got is None, "iteration %s: rank %s ran %s after an idle forward" % (n, rank, kind))
+    diag("all_decode: idle ranks' batches: %d with flag 1, %d with flag 0" % (idle[1], idle[0]))
+    expect(idle[1] >= 1, "no idle batch with all_decode 1 (one rank decoding, the other idle)")
+    diag("all_decode: %d iterations of both ranks, %d with a prefill next to a decode (flag 0), %d with both "
+         "decoding (flag 1)" % (len(both), mixed, full))
+    expect(mixed >= 1, "no iteration where one rank prefilled while the other decoded")
+    expect(full >= 1, "no iteration where both ranks decoded with all_decode 1")
+
+
+@test
+def test_deepseek2_tp_vs_dp_attention():
+    ex = example_ini()
+    eq(os.path.basename(ex["model"]["path"]), "tiny-deepseek2.gguf", "the DP-attention example's model")
+    expect(os.path.exists(ex["model"]["path"]), "the example's model %s is missing" % ex["model"]["path"])
+    eq((ex["parallel"].get("dp_attention"), ex["parallel"].get("ep_size"), ex.get("moe", {}).get("dispatcher")),
+       ("true", "2", "ep_auto"), "the example's DP attention + EP settings")
+    base = Daemon("tiny", name="ds-tp1", sections=ds_sections()).start().wait_healthy()
+    ds = [base]
+    try:
+        tp2 = Daemon("tiny", name="ds-tp2", sections=ds_sections(tp_size=2, comm="shm")).start().wait_healthy()
+        ds.append(tp2)
+        ds_same(base, tp2, "deepseek2 tp2")
+        # the example as it is, but with the same KV memory per rank and the
+        # test's port, plugins and log settings
+        sec = ds_sections()
+        for name in ("parallel", "moe", "dp"):
+            sec[name] = dict(ex[name])
+        sec["model"] = {"path": ex["model"]["path"]}
+        sec["log"] = {"level": "debug"}   # the all_decode lines
+        expect("kv_memory" in ex["cache"], "the example sets no [cache] kv_memory")
+        dpa = Daemon("tiny", name="ds-dpattn-ep", sections=sec).start().wait_healthy()
+        ds.append(dpa)
+        ds_same(base, dpa, "deepseek2 dp-attention ep_auto")
+        all_decode_flag(dpa)
+        hs = [in_thread(generate, dpa, p) for p in PROMPTS[:4]]   # both ranks busy at once
+        for h in hs:
+            h.result(timeout=60)
+        k1, ktp, kdp = (stats(d)["kv_total_tokens"] for d in ds)
+        diag("deepseek2 (MLA) KV tokens with kv_memory %s per rank: tp1 %s, tp2 %s, dp-attention 2 ranks %s"
+             % (DS_KV, k1, ktp, kdp))
+        expect(isinstance(k1, int) and 0 < k1 < DS_CAP,
+               "tp1 KV tokens %r: not set by kv_memory %s (the cap is %d)" % (k1, DS_KV, DS_CAP))
+        eq(ktp, k1, "deepseek2 tp2 KV tokens: the latent is whole on each rank, so 2 ranks hold tp1's")
+        eq(kdp, 2 * k1, "deepseek2 DP-attention KV tokens: each rank its own pool, twice tp1's")
+        for d in ds[1:]:
+            clean_stop(d, d.name)
+    finally:
+        for d in ds:
+            d.close()
 
 
 # ---- a rank dies ------------------------------------------------------------------

@@ -13,6 +13,9 @@
  *   (b) rank 0's and rank 1's logits are bitwise equal (the all-reduce
  *       adds in one order on every rank, the LM head is replicated);
  *   (c) the greedy tokens equal tp 1's.
+ * The same for tiny-deepseek2 under plain TP (heads split, the MLA latent
+ * whole on every rank: each rank's KV bytes per token equal tp 1's), and
+ * over 3 ranks (heads 1+1+2) the same greedy tokens.
  * Plus: SmolLM2-135M (uneven head split 1+2 KV heads, if the model is in
  * .cache/models), the KV pool agreement (MIN over the ranks), and the
  * errors: 3 ranks over 2 KV heads, an attn_output slice off the quant
@@ -69,6 +72,10 @@ struct tp_job {
     const char *moe;
     int32_t ep_size;
     int32_t moe_chunk;
+    /* MLA model (s_compare_tp2): the latent KV row is whole on every rank,
+     * so each rank's KV bytes per token equal tp 1's instead of summing to
+     * them. */
+    int mla;
 };
 
 /* What one rank reports (a file header, then the logits rows). */
@@ -334,8 +341,15 @@ static void s_compare_tp2 (const char *what, const struct tp_job *j, double tol,
     /* The heads are split: the two ranks hold all of them between them. */
     cr_assert_eq (two[0].h.n_head + two[1].h.n_head, one.h.n_head);
     cr_assert_eq (two[0].h.n_kv_head + two[1].h.n_kv_head, one.h.n_kv_head);
-    cr_assert_eq (two[0].h.kv_bytes_per_token + two[1].h.kv_bytes_per_token,
-                  one.h.kv_bytes_per_token);
+    if (j->mla)
+        for (int r = 0; r < 2; r++)
+            cr_assert_eq (two[r].h.kv_bytes_per_token, one.h.kv_bytes_per_token,
+                          "%s: MLA rank %d stores %llu KV bytes per token, tp 1 %llu (the latent is whole on every rank)",
+                          what, r, (unsigned long long) two[r].h.kv_bytes_per_token,
+                          (unsigned long long) one.h.kv_bytes_per_token);
+    else
+        cr_assert_eq (two[0].h.kv_bytes_per_token + two[1].h.kv_bytes_per_token,
+                      one.h.kv_bytes_per_token);
     cr_assert (two[1].h.n_head > 0 && two[0].h.n_head > 0);
 
     const size_t nl = (size_t) one.h.n_rows * (size_t) one.h.n_vocab;
@@ -412,6 +426,80 @@ static void s_tiny (const char *model, double tol)
 Test (tp, tiny_llama_f16) { s_tiny ("tiny-llama", 1e-3); }
 Test (tp, tiny_llama_q8) { s_tiny ("tiny-llama-q8", 0.1); }
 Test (tp, tiny_llama_q4) { s_tiny ("tiny-llama-q4", 0.1); }
+
+/* deepseek2 under plain tensor parallelism: heads 2+2 (q_b, kv_b and
+ * attn_output split), the MLA latent whole on both ranks (same KV bytes
+ * per token as tp 1), the dense block's FFN split, the MoE blocks
+ * replicated (dispatcher local); logits within the README's 1e-3 of tp 1,
+ * bitwise equal between the ranks, the same greedy tokens. */
+Test (tp, tiny_deepseek2_tp2)
+{
+    struct ref_prompts rp;
+    char *gguf = s_ref_load ("tiny-deepseek2", &rp);
+    struct tp_job j = { .gguf = gguf, .n_prompts = rp.n, .n_gen = S_N_GEN, .comm = "shm",
+                        .group = s_group ("ds2tp"), .timeout_s = 60, .mla = 1 };
+    for (int32_t i = 0; i < rp.n; i++) {
+        j.prompt[i] = rp.ids[i];
+        j.n_prompt[i] = rp.len[i];
+    }
+    s_compare_tp2 ("tiny-deepseek2", &j, 1e-3, 1e-3, 2e-3);
+    s_ref_free (&rp);
+    free (gguf);
+}
+
+/* 3 ranks over deepseek2's 4 heads split 1+1+2 (uneven), and the tokens
+ * still equal tp 1's (one short prompt, 4 greedy tokens: three forked
+ * engines on a shared box). */
+Test (tp, tiny_deepseek2_tp3_uneven)
+{
+    struct ref_prompts rp;
+    char *gguf = s_ref_load ("tiny-deepseek2", &rp);
+    struct tp_job j = { .gguf = gguf, .n_prompts = 1, .prompt = { rp.ids[0] },
+                        .n_prompt = { rp.len[0] }, .n_gen = 4, .comm = "shm",
+                        .group = s_group ("ds2tp3"), .timeout_s = 60, .mla = 1 };
+    struct tp_out o[3], one;
+    s_run_ranks (&j, 3, o);
+    s_run (&j, 0, 0, &one);
+    cr_assert_eq (one.h.rc, RX_OK, "tp 1: %s", one.h.msg);
+    int32_t heads = 0;
+    for (int r = 0; r < 3; r++) {
+        cr_assert_eq (o[r].h.rc, RX_OK, "rank %d: %s", r, o[r].h.msg);
+        cr_assert_eq (o[r].h.n_head, r == 2 ? 2 : 1, "rank %d has %d heads", r, o[r].h.n_head);
+        cr_assert_eq (o[r].h.kv_bytes_per_token, one.h.kv_bytes_per_token);
+        heads += o[r].h.n_head;
+        for (int32_t g = 0; g < j.n_gen; g++)
+            cr_assert_eq (o[r].h.gen[0][g], one.h.gen[0][g], "rank %d: greedy token %d is %d, tp 1 %d", r, g,
+                          o[r].h.gen[0][g], one.h.gen[0][g]);
+    }
+    cr_assert_eq (heads, one.h.n_head);
+    for (int r = 0; r < 3; r++) s_out_free (&o[r]);
+    s_out_free (&one);
+    s_ref_free (&rp);
+    free (gguf);
+}
+
+/* deepseek2's 4 heads cannot split over 5 ranks: every rank refuses with
+ * one line naming the file and the key, none waits for a timeout. */
+Test (tp, deepseek2_more_ranks_than_heads)
+{
+    struct ref_prompts rp;
+    char *gguf = s_ref_load ("tiny-deepseek2", &rp);
+    struct tp_job j = { .gguf = gguf, .n_prompts = 1, .prompt = { rp.ids[0] },
+                        .n_prompt = { rp.len[0] }, .n_gen = 1, .group = s_group ("ds2five"),
+                        .timeout_s = 60 };
+    struct tp_out o[5];
+    time_t t0 = time (NULL);
+    s_run_ranks (&j, 5, o);
+    cr_assert (time (NULL) - t0 < 30, "the ranks took %lds to fail", (long) (time (NULL) - t0));
+    for (int r = 0; r < 5; r++) {
+        cr_assert_eq (o[r].h.rc, RX_ENOTSUP, "rank %d: %s (%s)", r, rx_status_name (o[r].h.rc), o[r].h.msg);
+        cr_assert_not_null (strstr (o[r].h.msg, "5 ranks but only 4 heads"), "%s", o[r].h.msg);
+        cr_assert_not_null (strstr (o[r].h.msg, "tiny-deepseek2.gguf"), "%s", o[r].h.msg);
+        s_out_free (&o[r]);
+    }
+    s_ref_free (&rp);
+    free (gguf);
+}
 
 /* 4 query heads over 2 KV heads cannot split in 3: every rank refuses with
  * one clear error, and none waits for the others until the timeout. */
