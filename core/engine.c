@@ -1,8 +1,10 @@
 /* core/engine.c -- see engine.h. */
 #include "config.h"
 
+#include <ctype.h>
 #include <dirent.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +17,7 @@
 
 #include "grow.h"
 #include "engine.h"
+#include "expert_record.h"
 #include "log.h"
 
 struct eng_seq {
@@ -56,6 +59,7 @@ struct rx_engine {
     size_t cap_ih;
     float *d_logits;              /* device [cap_out][n_vocab] */
     int32_t cap_out;
+    rx_eplb_rt_t *eplb;           /* MoE models: recording and placement (core/expert_record.h) */
 };
 
 /* ------------------------------------------------------- the model source -- */
@@ -427,6 +431,62 @@ static int s_kv_slots (rx_engine_t *e, const struct rx_engine_opts *o, int64_t c
     return RX_OK;
 }
 
+/* ---------------------------------------------------- devices, KV sizing -- */
+
+int rx_engine_kernels_params (const rx_conf_t *conf, int32_t rank, struct rx_kernels_params *kp,
+                              struct rx_err *err)
+{
+    if (!kp) return rx_err_set (err, RX_EINVAL, "engine: kernels params: NULL argument");
+    *kp = (struct rx_kernels_params) {
+        .struct_size = sizeof *kp,
+        .threads = (int32_t) rx_conf_int (conf, "kernels", "threads", 0),
+        .device = RX_KDEVICE_AUTO,
+        .rank = rank < 0 ? 0 : rank,
+    };
+    const char *dv = conf ? rx_conf_raw (conf, "kernels", "device", NULL) : NULL;
+    if (!dv || strcmp (dv, "auto") == 0) return RX_OK;
+    char *end;
+    long v = strtol (dv, &end, 10);
+    while (isspace ((unsigned char) *end)) end++;
+    if (end == dv || *end || v < 0 || v > 4096)
+        return rx_err_set (err, RX_ECONFIG, "[kernels] device = \"%s\": expected auto or a "
+                           "device index 0..4096", dv);
+    kp->device = (int32_t) v;
+    return RX_OK;
+}
+
+int rx_engine_kv_share (const char *spec, double *share)
+{
+    if (!spec) return 0;
+    while (isspace ((unsigned char) *spec)) spec++;
+    char *end;
+    double v = strtod (spec, &end);
+    if (end == spec || !isfinite (v)) return 0;
+    int pct = 0;
+    while (isspace ((unsigned char) *end)) end++;
+    if (*end == '%') {
+        pct = 1;
+        end++;
+    }
+    while (isspace ((unsigned char) *end)) end++;
+    if (*end) return 0;
+    if (!pct && !memchr (spec, '.', (size_t) (end - spec))) return 0;   /* bytes */
+    if (pct) v /= 100;
+    if (!(v > 0 && v <= 1)) return 0;
+    if (share) *share = v;
+    return 1;
+}
+
+uint64_t rx_engine_kv_device_bytes (double share, uint64_t dev_free, int32_t local_ranks,
+                                    int32_t n_devices, int one_device)
+{
+    if (!(share > 0) || dev_free == 0) return 0;
+    if (share > 1) share = 1;
+    int64_t ranks = local_ranks > 0 ? local_ranks : 1;
+    int64_t per = one_device || n_devices <= 1 ? ranks : (ranks + n_devices - 1) / n_devices;
+    return (uint64_t) ((double) dev_free * share) / (uint64_t) per;
+}
+
 /* ---------------------------------------------------------------- engine -- */
 
 rx_engine_t *rx_engine_new (struct rx_boot *b, const struct rx_engine_opts *o, struct rx_err *err)
@@ -476,12 +536,11 @@ rx_engine_t *rx_engine_new (struct rx_boot *b, const struct rx_engine_opts *o, s
     const char *kvd = rx_conf_str (b->conf, "attention", "kv_dtype", "f32");
     int kv_dtype = strcmp (kvd, "f16") == 0 ? RX_F16 : RX_F32;
 
-    /* The kernel backend instance. */
-    struct rx_kernels_params kp = {
-        .struct_size = sizeof kp,
-        .threads = (int32_t) rx_conf_int (b->conf, "kernels", "threads", 0),
-        .device = 0,
-    };
+    /* The kernel backend instance, on this rank's device. */
+    struct rx_kernels_params kp;
+    int32_t host_rank = (o ? o->dp_rank : 0) * (o && o->tp_size > 1 ? o->tp_size : 1)
+                        + (o && o->tp_size > 1 ? o->tp_rank : 0);
+    if ((rc = rx_engine_kernels_params (b->conf, host_rank, &kp, err)) != RX_OK) goto fail;
     if ((rc = e->K->create (rx_plugin_host (e->kern_p), &kp, &e->be, err)) != RX_OK) {
         e->be = NULL;
         goto fail;
@@ -524,7 +583,10 @@ rx_engine_t *rx_engine_new (struct rx_boot *b, const struct rx_engine_opts *o, s
         .moe_max_tokens = (int32_t) rx_conf_int (b->conf, "moe", "max_tokens_per_rank", 0),
         .dp_attn = e->dp_attention && e->tp_size > 1,
         .ep_size = e->ep_size,
+        .two_batch_overlap = rx_conf_bool (b->conf, "scheduler", "two_batch_overlap", 0),
     };
+    if ((rc = rx_eplb_rt_new (b->conf, e->gguf, e->arch, &e->eplb, err)) != RX_OK) goto fail;
+    rx_eplb_rt_env (e->eplb, &env);
     if ((rc = e->M->create (rx_plugin_host (e->model_p), &e->src, &env, &e->model, err)) != RX_OK) {
         e->model = NULL;
         goto fail;
@@ -540,7 +602,28 @@ rx_engine_t *rx_engine_new (struct rx_boot *b, const struct rx_engine_opts *o, s
     /* KV pool and scratch. */
     int64_t ctx = e->info.n_ctx_train > 0 ? e->info.n_ctx_train : 4096;
     e->n_slots = o && o->n_slots > 0 ? o->n_slots : (ctx < 4096 ? ctx : 4096);
-    if (o && o->kv_bytes && (rc = s_kv_slots (e, o, ctx, err)) != RX_OK) goto fail;
+    struct rx_engine_opts kvo = { 0 };
+    if (o) kvo = *o;
+    double share;
+    if (o && o->kv_bytes && !(ki.caps & RX_KCAP_HOST_VISIBLE)
+        && rx_engine_kv_share (rx_conf_str (b->conf, "cache", "kv_memory", "0.8"), &share)) {
+        /* A device backend: the share is of the device's free memory now
+         * that the weights are on it, not of the host's MemAvailable (which
+         * the caller measured). */
+        struct rx_kernels_info di = { .struct_size = sizeof di };
+        uint64_t dev = 0;
+        if (e->K->info (e->be, &di) == RX_OK && di.struct_size >= sizeof di)
+            dev = rx_engine_kv_device_bytes (share, di.mem_free, o->local_ranks, di.n_devices,
+                                             kp.device != RX_KDEVICE_AUTO);
+        if (dev) {
+            char b1[32], b2[32];
+            rx_log (RX_LOG_INFO, "engine: KV memory %s: %.0f%% of %s free on device %d (%s)",
+                    s_bytes_str (dev, b1, sizeof b1), share * 100,
+                    s_bytes_str (di.mem_free, b2, sizeof b2), di.device_index, ki.device);
+            kvo.kv_bytes = dev;
+        }
+    }
+    if (o && o->kv_bytes && (rc = s_kv_slots (e, &kvo, ctx, err)) != RX_OK) goto fail;
     if (e->tp_size > 1 && !e->dp_attention) {
         /* Every rank must end with the same pool (the peer schedulers size
          * their caches from it), but KV bytes per token differ between
@@ -584,6 +667,15 @@ rx_engine_t *rx_engine_new (struct rx_boot *b, const struct rx_engine_opts *o, s
                     e->tp_rank, (long long) mt, e->max_tokens);
         e->max_tokens = (int32_t) mt;
     }
+    if (e->eplb) {
+        /* Before reserve: a static placement sizes the dispatcher. */
+        struct rx_eplb_rt_attach ea = {
+            .loader = b->loader, .M = e->M, .model = e->model, .info = &e->info, .K = e->K, .be = e->be,
+            .C = e->C, .comm = e->comm, .rank = e->tp_rank,
+            .dp_group = e->dp_attention && e->tp_size > 1, .ep_size = e->ep_size,
+        };
+        if ((rc = rx_eplb_rt_start (e->eplb, &ea, err)) != RX_OK) goto fail;
+    }
     if ((rc = e->M->reserve (e->model, (uint64_t) e->n_slots, e->max_tokens, err)) != RX_OK) goto fail;
 
     char tp[160] = "";
@@ -618,6 +710,7 @@ void rx_engine_destroy (rx_engine_t **self_p)
     rx_engine_t *e = *self_p;
     if (e->be) e->K->synchronize (e->be, NULL, NULL);
     if (e->model) e->M->destroy (e->model);
+    rx_eplb_rt_free (&e->eplb);   /* after the model (it borrows the placement) */
     if (e->d_logits) e->K->free_ (e->be, e->d_logits);
     /* After the model (it reduces through the group), before the kernel
      * backend (the instance borrows it). */
@@ -638,6 +731,7 @@ const char *rx_engine_describe (const rx_engine_t *e) { return e->desc; }
 int32_t rx_engine_tp_rank (const rx_engine_t *e) { return e->tp_rank; }
 int32_t rx_engine_tp_size (const rx_engine_t *e) { return e->tp_size; }
 int rx_engine_dp_attention (const rx_engine_t *e) { return e->dp_attention; }
+rx_eplb_rt_t *rx_engine_eplb (rx_engine_t *e) { return e->eplb; }
 
 /* ----------------------------------------------------------- sequences -- */
 
@@ -803,14 +897,26 @@ int rx_engine_forward (rx_engine_t *e, const struct rx_model_batch *b, float *lo
         rc = e->K->copy_d2h (e->be, NULL, logits, e->d_logits,
                              (size_t) n_out * (size_t) e->info.n_vocab * sizeof (float), err);
     if (rc == RX_OK) rc = e->K->synchronize (e->be, NULL, err);
+    if (rc == RX_OK) rc = rx_eplb_rt_step (e->eplb, err);   /* EPLB at the step boundary */
     return rc;
 }
 
-int rx_engine_idle (rx_engine_t *e, struct rx_err *err)
+int rx_engine_idle_group (rx_engine_t *e, int32_t all_decode, struct rx_err *err)
 {
     if (!e->dp_attention)
         return rx_err_set (err, RX_EINVAL, "engine: idle step without DP attention (opts.dp_attention)");
     if (e->tp_size == 1) return RX_OK;   /* nobody to keep in step */
-    struct rx_model_batch mb = { .struct_size = sizeof mb, .n_tokens = 0, .n_seq = 0, .n_out = 0 };
+    /* The idle batch carries the group's flag: the ranks with work see it
+     * too, and a graph-capable model must make the same choice on every
+     * rank (replay or not) or the collectives inside differ. */
+    struct rx_model_batch mb = { .struct_size = sizeof mb, .n_tokens = 0, .n_seq = 0, .n_out = 0,
+                                 .all_decode = all_decode ? 1 : 0 };
+    rx_log (RX_LOG_DEBUG, "engine: idle forward on DP-attention rank %d of %d (all_decode %d)", e->tp_rank,
+            e->tp_size, mb.all_decode);
     return rx_engine_forward (e, &mb, NULL, err);
+}
+
+int rx_engine_idle (rx_engine_t *e, struct rx_err *err)
+{
+    return rx_engine_idle_group (e, 0, err);
 }

@@ -66,10 +66,38 @@ struct rx_engine_opts {
      * rx_engine_idle when it has nothing to run.  rx_engine_new agrees on
      * max_tokens (the smallest of the ranks) instead of the KV pool. */
     int32_t     dp_attention;
+    /* Devices and KV sizing on a device backend (appended): */
+    int32_t     dp_rank;        /* this replica (DP without DP attention); with tp_rank
+                                 * it picks the device of [kernels] device = auto */
+    int32_t     local_ranks;    /* scheduler ranks on this host, which split a
+                                 * fractional [cache] kv_memory; 0: 1 */
 };
 
 /* The smallest KV pool kv_bytes may give (tokens). */
 #define RX_ENGINE_MIN_KV_TOKENS 64
+
+/* The kernel backend's create() parameters for the scheduler rank `rank`
+ * (its index on this host: dp_rank * tp_size + tp_rank): [kernels] threads,
+ * and [kernels] device -- "auto" (the default) passes RX_KDEVICE_AUTO, so
+ * the backend takes rank modulo its device count (SGLang's base_gpu_id +
+ * rank, base 0); a number >= 0 puts every rank on that device.  RX_ECONFIG
+ * naming [kernels] device for anything else. */
+struct rx_kernels_params;
+int rx_engine_kernels_params (const rx_conf_t *conf, int32_t rank, struct rx_kernels_params *kp,
+                              struct rx_err *err);
+
+/* [cache] kv_memory as a share of free memory: 1 and *share in (0, 1] for
+ * "0.8" or "80%" (the sizing parser's rule: a decimal point or a percent
+ * sign), else 0 (a size, or unparsable: the sizing parser reports it). */
+int rx_engine_kv_share (const char *spec, double *share);
+
+/* KV bytes a rank gets from share of a device's free memory (measured after
+ * the weights were loaded): the ranks of the host that sit on one device
+ * split it -- all local_ranks when every rank uses one explicit device, else
+ * ceil(local_ranks / n_devices) (device = auto spreads them).  0 when
+ * dev_free is 0 (unknown). */
+uint64_t rx_engine_kv_device_bytes (double share, uint64_t dev_free, int32_t local_ranks,
+                                    int32_t n_devices, int one_device);
 
 /* Errors: one line naming the file, plugin or key that is wrong.  Caller
  * owns the result; release with rx_engine_destroy.  With tp_size > 1 it
@@ -98,6 +126,12 @@ int32_t rx_engine_tp_rank (const rx_engine_t *e);
 int32_t rx_engine_tp_size (const rx_engine_t *e);
 /* 1 when the engine was made with opts.dp_attention. */
 int rx_engine_dp_attention (const rx_engine_t *e);
+/* EPLB at run time (core/expert_record.h): the recorder / placement state
+ * of an MoE model, NULL for a dense one.  Owned by the engine; after every
+ * forward pass the engine folds the step's expert counts into it (and
+ * rebalances every [eplb] rebalance_interval steps). */
+struct rx_eplb_rt;
+struct rx_eplb_rt *rx_engine_eplb (rx_engine_t *e);
 /* "model-llama (llama) on kernels-cpu [device], attn-mha" (and "tp 2
  * (rank 0, comm shm)" with tensor parallelism, "dp attention 2 (rank 0,
  * comm shm)" with DP attention): for logs. */
@@ -152,5 +186,11 @@ int rx_engine_forward (rx_engine_t *e, const struct rx_model_batch *b, float *lo
  * ranks that do have work never wait for it.  A no-op with a group of one.
  * RX_EINVAL without opts.dp_attention. */
 int rx_engine_idle (rx_engine_t *e, struct rx_err *err);
+
+/* rx_engine_idle handing the model the group's "every rank decodes" flag
+ * (rx_model_batch.all_decode: the serving scheduler's group flag, see
+ * rx_sched_set_group_decode), as the ranks with work get it in their
+ * batches; rx_engine_idle passes 0 (not known). */
+int rx_engine_idle_group (rx_engine_t *e, int32_t all_decode, struct rx_err *err);
 
 #endif

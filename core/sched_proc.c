@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "engine.h"
+#include "expert_record.h"
 #include "host.h"
 #include "ipc.h"
 #include "ipc_msg.h"
@@ -66,6 +67,7 @@ struct s_proc {
     uint64_t n_iter;            /* iterations that stepped (the determinism check's clock) */
     uint64_t sync_ns, step_ns;  /* time in s_sync / s_step over decode steps (tp_size > 1) */
     int last_kind;              /* RX_SCHED_* of the last step */
+    uint64_t attn_iter;         /* DP attention: iterations of the group (the same on every rank) */
     uint64_t n_timed;
     struct s_live *live;        /* requests in flight (REQ_DONE, the test hook) */
     size_t n_live, cap_live;
@@ -105,6 +107,30 @@ static int s_send (struct s_proc *p, rx_ipc_sock_t *sock, const char *peer,
     return rc;
 }
 
+/* An MoE model's placement balancedness for main's /metrics (with every
+ * STATS; nothing for a dense model). */
+static void s_send_eplb_stats (struct s_proc *p)
+{
+    rx_eplb_rt_t *rt = rx_engine_eplb (p->engine);
+    if (!rt || p->lost) return;
+    double *b = malloc (RX_IPC_EPLB_MAX_LAYERS * sizeof *b);
+    float *f = malloc (RX_IPC_EPLB_MAX_LAYERS * sizeof *f);
+    int32_t n = b && f ? rx_eplb_rt_balancedness (rt, b, RX_IPC_EPLB_MAX_LAYERS) : 0;
+    if (n > 0) {
+        struct rx_ipc_msg m;
+        memset (&m, 0, sizeof m);
+        m.type = RX_IPC_EPLB_STATS;
+        for (int32_t i = 0; i < n; i++) f[i] = (float) b[i];
+        m.u.eplb_stats.dp_rank = (uint32_t) p->o.dp_rank;
+        rx_eplb_rt_counters (rt, &m.u.eplb_stats.rebalanced, &m.u.eplb_stats.skipped);
+        m.u.eplb_stats.n = (uint32_t) n;
+        m.u.eplb_stats.balancedness = f;
+        s_send (p, p->to_main, p->up_name, &m);
+    }
+    free (b);
+    free (f);
+}
+
 static void s_send_stats (struct s_proc *p, uint64_t cookie)
 {
     if (!p->to_main) return;
@@ -135,6 +161,7 @@ static void s_send_stats (struct s_proc *p, uint64_t cookie)
     s->n_vocab = p->n_vocab;
     s->new_token_ratio = (float) st.new_token_ratio;
     s_send (p, p->to_main, p->up_name, &m);
+    s_send_eplb_stats (p);
 }
 
 static void s_send_req_error (struct s_proc *p, uint64_t rid, int status, const char *msg)
@@ -215,6 +242,17 @@ static void s_handle (struct s_proc *p, struct rx_ipc_msg *m)
                     (unsigned long long) m->u.abort.rids[i], n);
         }
         break;
+    case RX_IPC_REQ_ABORT_SEQ:
+        /* One sibling each; its ABORT finish (next step) goes to the
+         * detokenizer and counts for REQ_DONE like any finish.  Every rank
+         * applies it here, in the broadcast's order, like REQ_ABORT. */
+        for (uint32_t i = 0; i < m->u.abort_seq.n; i++) {
+            const struct rx_ipc_seq_ref *q = &m->u.abort_seq.seqs[i];
+            int n = rx_sched_abort_seq (p->sched, q->rid, q->index);
+            rx_log (RX_LOG_DEBUG, "scheduler: abort %llu/%u: %s", (unsigned long long) q->rid, q->index,
+                    n ? "stopped" : "not running or waiting");
+        }
+        break;
     case RX_IPC_FLUSH_CACHE: {
         size_t freed = 0;
         char msg[128];
@@ -227,6 +265,20 @@ static void s_handle (struct s_proc *p, struct rx_ipc_msg *m)
         r.u.flush_reply.status = rc;
         r.u.flush_reply.message = rc == RX_OK ? msg : err.msg;
         rx_log (RX_LOG_INFO, "scheduler: %s", r.u.flush_reply.message);
+        s_send (p, p->to_main, p->up_name, &r);
+        break;
+    }
+    case RX_IPC_EPLB: {
+        /* Expert distribution record control (core/expert_record.h). */
+        char msg[768];
+        int rc = rx_eplb_rt_control (rx_engine_eplb (p->engine), m->u.eplb.op, msg, sizeof msg, &err);
+        struct rx_ipc_msg r;
+        memset (&r, 0, sizeof r);
+        r.type = RX_IPC_EPLB_REPLY;
+        r.u.flush_reply.cookie = m->u.eplb.cookie;
+        r.u.flush_reply.status = rc;
+        r.u.flush_reply.message = rc == RX_OK ? msg : err.msg;
+        rx_log (RX_LOG_INFO, "scheduler: eplb: %s", r.u.flush_reply.message);
         s_send (p, p->to_main, p->up_name, &r);
         break;
     }
@@ -433,6 +485,8 @@ static int s_start (struct s_proc *p, const struct rx_sched_proc_opts *o)
     eo.comm_group = o->comm_group;
     eo.comm_bootstrap = o->comm_bootstrap;
     eo.comm_timeout_s = p->o.comm_timeout_s;
+    eo.dp_rank = p->o.dp_attention ? 0 : p->o.dp_rank;   /* [kernels] device = auto */
+    eo.local_ranks = local;                              /* a kv_memory share on a device */
     if (!(p->engine = rx_engine_new (p->boot, &eo, &err))
         || !(p->sched = rx_sched_new (p->boot, p->engine, NULL, &err))) {
         rx_log (RX_LOG_ERROR, "%s", err.msg);
@@ -584,11 +638,13 @@ static int s_sync (struct s_proc *p)
 }
 
 /* DP attention: one forward pass with no tokens, so that the model's
- * collectives of a step where other ranks have work pair up. */
-static void s_idle_forward (struct s_proc *p)
+ * collectives of a step where other ranks have work pair up; all_decode:
+ * the group's flag of this iteration (the model sees it as the busy ranks'
+ * models do). */
+static void s_idle_forward (struct s_proc *p, int all_decode)
 {
     struct rx_err err = { 0 };
-    if (rx_engine_idle (p->engine, &err) == RX_OK) return;
+    if (rx_engine_idle_group (p->engine, all_decode, &err) == RX_OK) return;
     rx_log (RX_LOG_ERROR, "scheduler: idle forward failed on rank %d of %d; stopping: %s", p->o.attn_rank,
             p->o.attn_size, err.msg);
     rx_zgroup_abort (p->ag, &err);
@@ -596,7 +652,11 @@ static void s_idle_forward (struct s_proc *p)
 }
 
 /* DP attention, once per iteration on every rank of the group: all-gather
- * who has work and who wants to stop; when anyone has work, every rank
+ * who has work, who wants to stop and who will not prefill (bit 4:
+ * !rx_sched_may_prefill -- idle ranks included); the AND of the last is
+ * the step's "every rank decodes" flag (SGLang's all-reduce MIN, folded
+ * into this exchange: no extra round trip), handed to the model as
+ * rx_model_batch.all_decode.  When anyone has work, every rank
  * runs exactly one forward pass (its own batch, or an idle one).  A rank
  * leaves only when every rank wants to (a SHUTDOWN reaches the ranks at
  * different times, and a rank that left would hang the others' forward
@@ -606,7 +666,8 @@ static int s_attn_step (struct s_proc *p, int *stalled)
 {
     struct rx_err err = { 0 };
     int idle = rx_sched_idle (p->sched);
-    uint8_t busy = (uint8_t) ((idle ? 0 : 1) | ((p->stop_now || p->draining) && idle ? 2 : 0)), *all = NULL;
+    uint8_t busy = (uint8_t) ((idle ? 0 : 1) | ((p->stop_now || p->draining) && idle ? 2 : 0)
+                              | (rx_sched_may_prefill (p->sched) ? 0 : 4)), *all = NULL;
     size_t lens[RX_DP_ATTN_MAX];
     if (rx_zgroup_allgather (p->ag, &busy, 1, (void **) &all, p->o.attn_size <= RX_DP_ATTN_MAX ? lens : NULL,
                              -1, &err) != RX_OK) {
@@ -614,19 +675,27 @@ static int s_attn_step (struct s_proc *p, int *stalled)
                 p->o.attn_size, err.msg);
         return -1;
     }
-    int any = 0, stop = 1;
+    int any = 0, stop = 1, all_decode = 1;
     for (int r = 0; r < p->o.attn_size; r++) {
         any |= all[r] & 1;
         stop &= (all[r] & 2) != 0;
+        all_decode &= (all[r] & 4) != 0;
     }
     free (all);
     *stalled = 0;
     if (stop) return 2;
+    p->attn_iter++;
+    rx_sched_set_group_decode (p->sched, all_decode);
     if (busy & 1) {
         *stalled = !s_step (p);
-        if (!p->lost && p->last_kind == RX_SCHED_IDLE) s_idle_forward (p);
+        if (!p->lost && p->last_kind == RX_SCHED_IDLE) s_idle_forward (p, all_decode);
     } else if (any)
-        s_idle_forward (p);
+        s_idle_forward (p, all_decode);
+    if (any)
+        rx_log (RX_LOG_DEBUG, "scheduler: DP attention iteration %llu: all_decode %d (rank %d ran %s)",
+                (unsigned long long) p->attn_iter, all_decode, p->o.attn_rank,
+                !(busy & 1) || p->last_kind == RX_SCHED_IDLE ? "idle"
+                : p->last_kind == RX_SCHED_PREFILL ? "prefill" : "decode");
     return p->lost ? -1 : busy & 1;
 }
 

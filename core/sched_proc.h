@@ -24,6 +24,9 @@
  *     the KV pool (400 context_length_exceeded).
  *   - REQ_ABORT: rx_sched_abort of each rid (unknown rids are fine); the
  *     aborted siblings finish with RX_FINISH_ABORT through TOKENS/TEXT.
+ *   - REQ_ABORT_SEQ: rx_sched_abort_seq of each (rid, index); that sibling
+ *     alone finishes with RX_FINISH_ABORT in TOKENS (the detokenizer drops
+ *     it after the stop string it had reported) and counts for REQ_DONE.
  *   - FLUSH_CACHE {cookie}: FLUSH_CACHE_REPLY {cookie, status, message}
  *     (RX_EAGAIN while requests run).
  *   - GET_STATS {cookie}: STATS {cookie}; plus a STATS with cookie 0 every
@@ -53,8 +56,9 @@
  * the ids).  A completed stop string finishes that entry with
  * RX_FINISH_STOP_STR (matched = the stop's index, the text cut before it);
  * later TOKENS for that (rid, index) are dropped silently until the
- * scheduler's own finish arrives (main answers a STOP_STR on the last
- * unfinished sibling with REQ_ABORT).  A scheduler finish (EOS, STOP_ID,
+ * scheduler's own finish arrives (main answers a STOP_STR with REQ_ABORT_SEQ
+ * for that sibling while others run, on the last unfinished one with
+ * REQ_ABORT).  A scheduler finish (EOS, STOP_ID,
  * LENGTH, ABORT) flushes the held text into that last delta and frees the
  * state.  An entry for an unknown (rid, index) without `first` is logged at
  * debug and dropped.  SHUTDOWN: exit 0.

@@ -22,6 +22,7 @@
 #include <jansson.h>
 
 #include "api.h"
+#include "auth.h"
 #include "chat.h"
 #include "conf.h"
 #include "detok_proc.h"
@@ -89,7 +90,9 @@ struct s_live {
     double t0, t_first, t_last;
 };
 
-enum { S_CTL_FLUSH = 1, S_CTL_INFO = 2 };
+enum { S_CTL_FLUSH = 1, S_CTL_INFO = 2,
+       /* expert distribution record: S_CTL_EPLB + RX_IPC_EPLB_OP_* (1 start, 2 stop, 3 dump) */
+       S_CTL_EPLB = 10 };
 
 struct s_ctl {
     int tag;                             /* S_PEND_CTL */
@@ -133,9 +136,9 @@ struct rx_server {
     char *model_path_buf;                /* owned: [model] path resolved */
 
     /* [server] */
-    const char *host, *api_key, *cors;
+    const char *host, *api_key, *admin_key, *cors;
     int port;
-    uint64_t max_body;
+    uint64_t max_body, max_header;
     double watchdog, shutdown_timeout;
 
     int ready, draining, exiting, exit_code;
@@ -148,6 +151,7 @@ struct rx_server {
     uint64_t next_cookie, next_rid;
 
     struct rx_ipc_stats stats;
+    struct rx_ipc_eplb_stats eplb;       /* dp rank 0's last EPLB_STATS (balancedness owned) */
     int have_stats;
     struct rx_hist ttft, itl, e2e;
     uint64_t n_finished, n_aborted, n_rejected, n_disconnects;
@@ -172,9 +176,11 @@ static const char *s_reason (int status)
     case 204: return "No Content";
     case 400: return "Bad Request";
     case 401: return "Unauthorized";
+    case 403: return "Forbidden";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
     case 413: return "Payload Too Large";
+    case 431: return "Request Header Fields Too Large";
     case 500: return "Internal Server Error";
     case 503: return "Service Unavailable";
     default:  return status < 500 ? "Bad Request" : "Internal Server Error";
@@ -286,6 +292,22 @@ static int s_send_abort (rx_server_t *s, uint64_t rid)
     if (!s->to_sched || s->sched_pid <= 0) return RX_EIO;
     int rc = rx_ipc_send (s->to_sched, &m, S_SEND_TIMEOUT, &err);
     if (rc != RX_OK) rx_warn ("cannot send an abort to the scheduler: %s", err.msg);
+    return rc;
+}
+
+/* Stop sibling `index` of rid alone (its stop string was found while other
+ * siblings still run), so it frees its KV now instead of generating up to
+ * max_tokens for nothing. */
+static int s_send_abort_seq (rx_server_t *s, uint64_t rid, uint32_t index)
+{
+    struct rx_ipc_seq_ref q = { rid, index };
+    struct rx_ipc_msg m = { .type = RX_IPC_REQ_ABORT_SEQ };
+    m.u.abort_seq.n = 1;
+    m.u.abort_seq.seqs = &q;
+    struct rx_err err = { 0 };
+    if (!s->to_sched || s->sched_pid <= 0) return RX_EIO;
+    int rc = rx_ipc_send (s->to_sched, &m, S_SEND_TIMEOUT, &err);
+    if (rc != RX_OK) rx_warn ("cannot send a sibling abort to the scheduler: %s", err.msg);
     return rc;
 }
 
@@ -584,6 +606,11 @@ static void s_on_text_entry (rx_server_t *s, const struct rx_ipc_text_out *e)
         c->finish = s_api_finish (e->finish);
         c->matched = e->matched;
         l->n_done++;
+        /* A stop string is found by the detokenizer: the scheduler still
+         * runs that sequence until told otherwise.  The last sibling's is
+         * stopped with the whole rid below; one of several alone here.
+         * Late output for it is dropped above (c->done). */
+        if (e->finish == RX_FINISH_STOP_STR && l->n_done < l->n) s_send_abort_seq (s, l->rid, e->index);
     }
     struct rx_api_token_logprob *lp = NULL;
     size_t n_lp = 0;
@@ -618,8 +645,11 @@ static void s_on_text_entry (rx_server_t *s, const struct rx_ipc_text_out *e)
         }
     }
     if (l->n_done == l->n) {
-        /* A stop string is found by the detokenizer: the scheduler still
-         * runs that sequence until told otherwise. */
+        /* The last sibling (or the only one, n = 1) may still run in the
+         * scheduler after its stop string: abort the rid at once.  Siblings
+         * stopped earlier had their REQ_ABORT_SEQ already; this also
+         * covers one whose send failed, and aborting a rid the scheduler
+         * has finished is a no-op. */
         int stop_str = 0;
         for (uint32_t i = 0; i < l->n; i++) stop_str |= l->ch[i].ipc_finish == RX_FINISH_STOP_STR;
         if (stop_str) s_send_abort (s, l->rid);
@@ -677,6 +707,11 @@ static int s_ctl_send (rx_server_t *s, struct evhttp_request *req, int type)
     c->req = req;
     struct rx_ipc_msg m = { .type = type == S_CTL_FLUSH ? RX_IPC_FLUSH_CACHE : RX_IPC_GET_STATS };
     m.u.cookie = c->cookie;
+    if (type > S_CTL_EPLB) {
+        m.type = RX_IPC_EPLB;
+        m.u.eplb.cookie = c->cookie;
+        m.u.eplb.op = (uint8_t) (type - S_CTL_EPLB);
+    }
     struct rx_err err = { 0 };
     if (rx_ipc_send (s->to_sched, &m, S_SEND_TIMEOUT, &err) != RX_OK) {
         free (c);
@@ -751,9 +786,44 @@ static void s_on_flush_reply (rx_server_t *s, const struct rx_ipc_flush_reply *r
     free (c);
 }
 
+/* The expert-distribution record controls' answer; a dump's message is
+ * the file it wrote (in [eplb] record_dir, never a client's path). */
+static void s_on_eplb_reply (rx_server_t *s, const struct rx_ipc_flush_reply *r)
+{
+    struct s_ctl *c = s_ctl_take (s, r->cookie);
+    if (!c) return;
+    if (c->req) {
+        s_forget_conn (c->req);
+        const char *msg = r->message ? r->message : "";
+        if (r->status == RX_OK) {
+            json_t *o = c->type == S_CTL_EPLB + RX_IPC_EPLB_OP_DUMP
+                        ? json_pack ("{s:s,s:s,s:s}", "status", "ok", "message", "expert distribution dumped", "path", msg)
+                        : json_pack ("{s:s,s:s}", "status", "ok", "message", msg);
+            char *txt = o ? json_dumps (o, JSON_COMPACT) : NULL;
+            json_decref (o);
+            s_reply_json (c->req, 200, txt);
+        } else if (r->status == RX_ENOTSUP) {
+            s_reply_error (c->req, 400, "not_supported", NULL, "%s", msg);
+        } else {
+            s_reply_error (c->req, 500, "internal_error", NULL, "%s", msg);
+        }
+    }
+    free (c);
+}
+
 /* ------------------------------------------------------------ IPC in */
 
 static void s_start_http (rx_server_t *s);
+
+/* Keep dp rank 0's placement balancedness for /metrics (takes the array). */
+static void s_on_eplb_stats (rx_server_t *s, struct rx_ipc_eplb_stats *e)
+{
+    if (e->dp_rank != 0) return;
+    free (s->eplb.balancedness);
+    s->eplb = *e;
+    e->balancedness = NULL;
+    e->n = 0;
+}
 
 static void s_on_stats (rx_server_t *s, const struct rx_ipc_stats *st)
 {
@@ -794,6 +864,8 @@ static void s_drain_in (rx_server_t *s)
             break;
         case RX_IPC_REQ_ERROR: s_on_req_error (s, &m.u.req_error); break;
         case RX_IPC_FLUSH_CACHE_REPLY: s_on_flush_reply (s, &m.u.flush_reply); break;
+        case RX_IPC_EPLB_REPLY: s_on_eplb_reply (s, &m.u.flush_reply); break;
+        case RX_IPC_EPLB_STATS: s_on_eplb_stats (s, &m.u.eplb_stats); break;
         case RX_IPC_STATS: s_on_stats (s, &m.u.stats); break;
         default:
             rx_warn ("main: unexpected %s message ignored", rx_ipc_type_name (m.type));
@@ -1046,6 +1118,23 @@ static void s_ep_metrics (rx_server_t *s, struct evhttp_request *req)
         (unsigned long long) st->steps, (unsigned long long) s->n_finished,
         (unsigned long long) s->n_aborted, (unsigned long long) s->n_rejected,
         (unsigned long long) s->n_disconnects);
+    if (!rc && s->eplb.n > 0) {
+        /* EPLB (docs/eplb.md): mean / max GPU load per MoE layer of the
+         * current placement over the recorded window (1 = balanced). */
+        rc = rx_strbuf_printf (&b, &len, &cap,
+            "# HELP radix_eplb_balancedness Mean / max EP-rank load of the current expert placement per MoE layer, over the recorded window.\n"
+            "# TYPE radix_eplb_balancedness gauge\n");
+        for (uint32_t l = 0; !rc && l < s->eplb.n; l++)
+            rc = rx_strbuf_printf (&b, &len, &cap, "radix_eplb_balancedness{layer=\"%u\"} %.6f\n", l,
+                                   (double) s->eplb.balancedness[l]);
+        if (!rc)
+            rc = rx_strbuf_printf (&b, &len, &cap,
+                "# HELP radix_eplb_rebalances_total Expert placement rebalances, by outcome.\n"
+                "# TYPE radix_eplb_rebalances_total counter\n"
+                "radix_eplb_rebalances_total{outcome=\"switched\"} %llu\n"
+                "radix_eplb_rebalances_total{outcome=\"skipped\"} %llu\n",
+                (unsigned long long) s->eplb.rebalanced, (unsigned long long) s->eplb.skipped);
+    }
     if (!rc) rc = rx_hist_render (&s->ttft, &b, &len, &cap);
     if (!rc) rc = rx_hist_render (&s->itl, &b, &len, &cap);
     if (!rc) rc = rx_hist_render (&s->e2e, &b, &len, &cap);
@@ -1074,6 +1163,21 @@ static void s_ep_server_info (rx_server_t *s, struct evhttp_request *req)
 static void s_ep_flush (rx_server_t *s, struct evhttp_request *req)
 {
     s_ctl_send (s, req, S_CTL_FLUSH);
+}
+
+static void s_ep_eplb_start (rx_server_t *s, struct evhttp_request *req)
+{
+    s_ctl_send (s, req, S_CTL_EPLB + RX_IPC_EPLB_OP_START);
+}
+
+static void s_ep_eplb_stop (rx_server_t *s, struct evhttp_request *req)
+{
+    s_ctl_send (s, req, S_CTL_EPLB + RX_IPC_EPLB_OP_STOP);
+}
+
+static void s_ep_eplb_dump (rx_server_t *s, struct evhttp_request *req)
+{
+    s_ctl_send (s, req, S_CTL_EPLB + RX_IPC_EPLB_OP_DUMP);
 }
 
 static void s_ep_tokenize (rx_server_t *s, struct evhttp_request *req)
@@ -1143,7 +1247,7 @@ struct s_route {
     const char *path;
     enum evhttp_cmd_type method;
     void (*fn) (rx_server_t *, struct evhttp_request *);
-    int open;                                   /* no API key needed */
+    int open;                 /* access level: RX_AUTH_API (0), RX_AUTH_OPEN (1), RX_AUTH_ADMIN */
 };
 
 static const struct s_route s_routes[] = {
@@ -1155,24 +1259,15 @@ static const struct s_route s_routes[] = {
     { "/health_generate", EVHTTP_REQ_GET, s_ep_health_generate, 0 },
     { "/metrics", EVHTTP_REQ_GET, s_ep_metrics, 0 },
     { "/get_server_info", EVHTTP_REQ_GET, s_ep_server_info, 0 },
-    { "/flush_cache", EVHTTP_REQ_POST, s_ep_flush, 0 },
+    { "/flush_cache", EVHTTP_REQ_POST, s_ep_flush, RX_AUTH_ADMIN },
+    { "/start_expert_distribution_record", EVHTTP_REQ_POST, s_ep_eplb_start, RX_AUTH_ADMIN },
+    { "/stop_expert_distribution_record", EVHTTP_REQ_POST, s_ep_eplb_stop, RX_AUTH_ADMIN },
+    { "/dump_expert_distribution_record", EVHTTP_REQ_POST, s_ep_eplb_dump, RX_AUTH_ADMIN },
     { "/tokenize", EVHTTP_REQ_POST, s_ep_tokenize, 0 },
     { "/detokenize", EVHTTP_REQ_POST, s_ep_detokenize, 0 },
     { "/abort_request", EVHTTP_REQ_POST, s_ep_abort, 0 },
     { NULL, 0, NULL, 0 }
 };
-
-/* Constant-time comparison of the bearer token with the key. */
-static int s_key_ok (const char *key, const char *auth)
-{
-    if (!auth || strncasecmp (auth, "Bearer ", 7) != 0) return 0;
-    const char *tok = auth + 7;
-    while (*tok == ' ') tok++;
-    size_t kl = strlen (key), tl = strlen (tok);
-    unsigned char diff = (unsigned char) (kl != tl);
-    for (size_t i = 0; i < kl; i++) diff |= (unsigned char) (key[i] ^ (i < tl ? tok[i] : 0));
-    return diff == 0;
-}
 
 /* CORS: the request's Origin when it is allowed, else NULL. */
 static const char *s_cors_origin (const rx_server_t *s, struct evhttp_request *req)
@@ -1195,9 +1290,26 @@ static const char *s_cors_origin (const rx_server_t *s, struct evhttp_request *r
     return NULL;
 }
 
+/* Bytes of the request line's URI and the header lines, as sent (what
+ * [server] max_header_size bounds). */
+static size_t s_header_bytes (struct evhttp_request *req)
+{
+    const char *uri = evhttp_request_get_uri (req);
+    size_t n = uri ? strlen (uri) + 16 : 16;
+    for (struct evkeyval *h = evhttp_request_get_input_headers (req)->tqh_first; h; h = h->next.tqe_next)
+        n += strlen (h->key) + strlen (h->value) + 4;
+    return n;
+}
+
 static void s_on_request (struct evhttp_request *req, void *arg)
 {
     rx_server_t *s = arg;
+    if (s_header_bytes (req) > s->max_header) {
+        s_reply_error (req, 431, "request_header_fields_too_large", NULL,
+                       "request line and headers over %llu bytes ([server] max_header_size)",
+                       (unsigned long long) s->max_header);
+        return;
+    }
     const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri (req);
     const char *path = uri ? evhttp_uri_get_path (uri) : NULL;
     enum evhttp_cmd_type method = evhttp_request_get_command (req);
@@ -1234,10 +1346,12 @@ static void s_on_request (struct evhttp_request *req, void *arg)
         s_reply_error (req, 405, "method_not_allowed", NULL, "%s does not accept this method", path);
         return;
     }
-    if (s->api_key && *s->api_key && !r->open &&
-        !s_key_ok (s->api_key, evhttp_find_header (evhttp_request_get_input_headers (req), "Authorization"))) {
-        evhttp_add_header (oh, "WWW-Authenticate", "Bearer");
-        s_reply_error (req, 401, "invalid_api_key", NULL, "missing or wrong API key (Authorization: Bearer ...)");
+    const char *why = NULL;
+    int denied = rx_auth_check (s->api_key, s->admin_key, r->open,
+                                evhttp_find_header (evhttp_request_get_input_headers (req), "Authorization"), &why);
+    if (denied) {
+        if (denied == 401) evhttp_add_header (oh, "WWW-Authenticate", "Bearer");
+        s_reply_error (req, denied, denied == 401 ? "invalid_api_key" : "admin_key_required", NULL, "%s", why);
         return;
     }
     if (evbuffer_get_length (evhttp_request_get_input_buffer (req)) > s->max_body) {
@@ -1485,7 +1599,9 @@ static void s_start_http (rx_server_t *s)
      * that, the handler answers an OpenAI-style 413. */
     uint64_t hard = s->max_body * 2 + 65536;
     evhttp_set_max_body_size (s->http, (ev_ssize_t) hard);
-    evhttp_set_max_headers_size (s->http, 64 * 1024);
+    /* the same for headers: the handler answers 431 up to twice the limit;
+     * beyond, libevent answers 400 and closes the connection */
+    evhttp_set_max_headers_size (s->http, (ev_ssize_t) (s->max_header * 2 + 8192));
     evhttp_set_timeout (s->http, 600);
     evhttp_set_gencb (s->http, s_on_request, s);
     s->listener = evhttp_bind_socket_with_handle (s->http, s->host, (ev_uint16_t) s->port);
@@ -1635,7 +1751,17 @@ static void s_stop_children (rx_server_t *s)
      * without it, the rest have nothing left to do. */
     if (s->sched_pid <= 0) s_kill_kids (s, "");
     double until = s_now () + 3.0;
+    int others_gone = 0;
     while (s_kids_alive (s) && s_now () < until) {
+        /* The detokenizer hears SHUTDOWN from a scheduler; when every
+         * other child is gone (a rank died) it waits for nothing: give it
+         * a moment, not the full 3 s (issue 10: exit within 5 s). */
+        int others = 0;
+        for (size_t i = 0; i < s->n_kids; i++) others += s->kids[i].pid > 0 && strcmp (s->kids[i].role, "detok");
+        if (!others && !others_gone) {
+            others_gone = 1;
+            if (until > s_now () + 0.3) until = s_now () + 0.3;
+        }
         int st;
         pid_t pid = waitpid (-1, &st, WNOHANG);
         if (pid <= 0) {
@@ -1732,8 +1858,10 @@ int rx_server_main (struct rx_boot *boot)
     s->host = rx_conf_str (s->conf, "server", "host", "127.0.0.1");
     s->port = (int) rx_conf_int (s->conf, "server", "port", 30000);
     s->api_key = rx_conf_str (s->conf, "server", "api_key", NULL);
+    s->admin_key = rx_conf_str (s->conf, "server", "admin_api_key", NULL);
     s->cors = rx_conf_str (s->conf, "server", "cors_allow_origins", NULL);
     s->max_body = rx_conf_size (s->conf, "server", "max_body_size", 8u << 20);
+    s->max_header = rx_conf_size (s->conf, "server", "max_header_size", 64u << 10);
     s->watchdog = rx_conf_float (s->conf, "server", "watchdog_timeout", 300);
     s->shutdown_timeout = rx_conf_float (s->conf, "server", "shutdown_timeout", 30);
     s->started = (int64_t) time (NULL);
@@ -1832,6 +1960,7 @@ out:
     free (s->served_name);
     free (s->model_path_buf);
     free (s->kids);
+    free (s->eplb.balancedness);
     if (code == 0) rx_info ("stopped");
     return code;
 }

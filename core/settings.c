@@ -22,6 +22,9 @@ static const struct rx_cfg_key s_kernels[] = {
       0, 0, NULL },
     { "threads", RX_CFG_INT, "0", "compute threads for the CPU backend; 0 = one per core",
       0, 4096, NULL },
+    { "device", RX_CFG_STRING, "auto",
+      "device index (GPU ordinal) of every scheduler rank, or auto: the rank's index on this "
+      "host (dp_rank * tp_size + tp_rank) modulo the device count", 0, 0, NULL },
     { NULL, 0, NULL, NULL, 0, 0, NULL }
 };
 
@@ -80,6 +83,9 @@ static const struct rx_cfg_key s_scheduler[] = {
     { "new_token_ratio_decay_steps", RX_CFG_INT, "600",
       "decode steps over which the ratio decays from its initial to its minimum value", 1, 1 << 30,
       NULL },
+    { "two_batch_overlap", RX_CFG_BOOL, "false",
+      "split each batch of an MoE model into two micro-batches and overlap one's computation with the other's expert dispatch/combine (same outputs; docs/parallel.md)",
+      0, 0, NULL },
     { NULL, 0, NULL, NULL, 0, 0, NULL }
 };
 
@@ -92,8 +98,14 @@ static const struct rx_cfg_key s_server[] = {
       "when set, every request except /health needs \"Authorization: Bearer <key>\"", 0, 0, NULL },
     { "served_model_name", RX_CFG_STRING, NULL,
       "the model name clients use; unset = the GGUF file name without .gguf", 0, 0, NULL },
+    { "admin_api_key", RX_CFG_STRING, NULL,
+      "when set, admin endpoints (/flush_cache, expert recording) need \"Authorization: Bearer <admin key>\" (the API key alone gets 403); the admin key also works wherever the API key does",
+      0, 0, NULL },
     { "max_body_size", RX_CFG_SIZE, "8MiB", "largest request body; larger ones get HTTP 413",
       1024, (double) (1ull << 30), NULL },
+    { "max_header_size", RX_CFG_SIZE, "64KiB",
+      "largest request line + headers; larger ones get HTTP 431 (beyond twice this, the connection is closed)",
+      1024, (double) (16ull << 20), NULL },
     { "cors_allow_origins", RX_CFG_STRING, NULL,
       "comma-separated origins allowed by CORS (or *); unset = no CORS headers", 0, 0, NULL },
     { "default_max_tokens", RX_CFG_INT, "0",
@@ -164,6 +176,32 @@ static const struct rx_cfg_key s_moe[] = {
     { NULL, 0, NULL, NULL, 0, 0, NULL }
 };
 
+/* EPLB at run time (docs/eplb.md "At run time", core/expert_record.h). */
+static const struct rx_cfg_key s_eplb[] = {
+    { "algorithm", RX_CFG_STRING, "deepseek",
+      "EPLB algorithm plugin (eplb-<algorithm>.so) that computes placements from loads: deepseek, greedy",
+      0, 0, NULL },
+    { "num_redundant_experts", RX_CFG_INT, "0",
+      "extra expert slots per MoE layer (copies of hot experts) when a placement is computed from a load file",
+      0, 1 << 16, NULL },
+    { "init_expert_location", RX_CFG_PATH, NULL,
+      "placement applied at load: a placement file (phy2log, from radix eplb) or a load / dump file (the algorithm runs on it)",
+      0, 0, NULL },
+    { "rebalance_interval", RX_CFG_INT, "0",
+      "recompute the placement from the recorded window every this many steps (every rank at the same step); 0 = off",
+      0, 1 << 30, NULL },
+    { "min_rebalance_balancedness", RX_CFG_FLOAT, "0.9",
+      "skip a rebalance while the current placement's mean balancedness over the MoE layers (mean / max GPU load, 1 = perfect) is at least this: 0 = always skip, 1 = rebalance unless perfect",
+      0, 1, NULL },
+    { "record_window", RX_CFG_INT, "1000",
+      "expert-distribution recording keeps the counts of the last this many steps (memory: steps x MoE layers x experts x 4 bytes)",
+      1, 1 << 20, NULL },
+    { "record_dir", RX_CFG_PATH, "/tmp/radix-eplb",
+      "directory POST /dump_expert_distribution_record writes its JSON files into (created 0700 if absent)",
+      0, 0, NULL },
+    { NULL, 0, NULL, NULL, 0, 0, NULL }
+};
+
 static const struct rx_cfg_key s_none[] = {
     { NULL, 0, NULL, NULL, 0, 0, NULL }
 };
@@ -185,6 +223,8 @@ static const struct rx_conf_section s_schema[] = {
       RX_KIND_COMM },
     { "dp", "the DP controller (dp_size > 1)", s_dp, 0 },
     { "moe", "MoE dispatcher; [moe.<name>] configures one", s_moe, RX_KIND_MOE },
+    { "eplb", "expert placement at run time: recording, static and dynamic rebalance; [eplb.<algorithm>] configures one algorithm",
+      s_eplb, RX_KIND_EPLB },
     { "router", "[router.<policy>] configures the DP controller's route policy (e.g. [router.cache_aware])",
       s_none, RX_KIND_ROUTE_POLICY },
     { NULL, NULL, NULL, 0 }

@@ -78,6 +78,8 @@
 
 #include "../batch.h"
 #include "../dp_ffn.h"
+#include "../moe_place.h"
+#include "../tbo.h"
 
 #define LL_MAX_LAYERS 1024
 #define LL_MAX_DIM    (1 << 20)
@@ -122,6 +124,8 @@ struct ll_model {
     int32_t moe_max_tokens;                      /* env->moe_max_tokens (0 = reserve's) */
     void *moe;                                   /* dispatcher instance (reserve) */
     int32_t moe_chunk;                           /* its max_tokens: tokens per dispatch */
+    struct rx_moe_place place;                   /* EPLB placement + recording (models/moe_place.h) */
+    int32_t moe_n_phys;                          /* the dispatcher's n_expert (slots) */
 
     /* tensor parallelism (or DP attention when dp_attn) */
     int32_t rank, n_rank;
@@ -156,6 +160,16 @@ struct ll_model {
     int32_t *topi;                               /* MoE: [T][k] expert ids (device) */
     void *f32_mem;                               /* one allocation for the above */
     struct rx_model_stage stage;                 /* the batch's index arrays (models/batch.h) */
+
+    /* Two-batch overlap (env->two_batch_overlap; MoE models only, see
+     * s_forward_tbo): micro-batch 1's dispatcher instance (one exchange in
+     * flight per instance), made by reserve() when the dispatcher has the
+     * asynchronous ops, and micro-batch 1's rebased q_start / kv_start. */
+    int32_t tbo;
+    void *moe2;
+    int32_t moe2_n_phys;                         /* its n_expert (re-made when moe_n_phys changes) */
+    int32_t *tbo_idx;                            /* device [2 (T+1)] */
+    int32_t *tbo_idx_h;                          /* host [2 (T+1)] */
 };
 
 /* ------------------------------------------------------------ helpers -- */
@@ -417,7 +431,14 @@ static void s_free_scratch (struct ll_model *m)
         m->k.ops->synchronize (m->k.be, m->k.stream, NULL);
     if (m->moe) m->moe_ops->destroy (m->moe);
     m->moe = NULL;
+    if (m->moe2) m->moe_ops->destroy (m->moe2);
+    m->moe2 = NULL;
+    m->moe2_n_phys = 0;
+    if (m->tbo_idx) m->k.ops->free_ (m->k.be, m->tbo_idx);
+    if (m->tbo_idx_h) m->host->free_ (m->host, m->tbo_idx_h);
+    m->tbo_idx = m->tbo_idx_h = NULL;
     m->moe_chunk = 0;
+    m->moe_n_phys = 0;
     if (m->f32_mem) m->k.ops->free_ (m->k.be, m->f32_mem);
     rx_model_stage_free (&m->stage, m->host, &m->k);
     m->f32_mem = NULL;
@@ -434,6 +455,7 @@ static void s_destroy (void *p)
     struct ll_model *m = p;
     if (!m) return;
     s_free_scratch (m);
+    rx_moe_place_fini (&m->place);
     if (m->attn) m->attn_ops->destroy (m->attn);
     for (size_t i = 0; i < m->n_owned; i++)
         m->k.ops->weight_free (m->k.be, m->owned[i]);
@@ -681,6 +703,8 @@ static int s_split (struct ll_model *m, const struct rx_model_src *src, struct r
     return RX_OK;
 }
 
+static int s_tbo_has_async (const struct ll_model *m);
+
 static int s_create (const struct rx_host *host, const struct rx_model_src *src,
                      const struct rx_model_env *env, void **out, struct rx_err *err)
 {
@@ -754,9 +778,13 @@ static int s_create (const struct rx_host *host, const struct rx_model_src *src,
         m->moe_host = env->moe_host ? env->moe_host : host;
         m->moe_max_tokens = env->moe_max_tokens > 0 ? env->moe_max_tokens : 0;
     }
+    m->tbo = env->struct_size >= offsetof (struct rx_model_env, two_batch_overlap) + sizeof env->two_batch_overlap
+             && env->two_batch_overlap;
     int rc = s_hparams (m, src, err);
     if (rc == RX_OK) rc = s_split (m, src, err);
     if (rc == RX_OK) rc = s_weights (m, src, err);
+    if (rc == RX_OK && m->n_expert > 0)
+        rc = rx_moe_place_init (&m->place, "model-llama", env, m->n_layer, m->n_expert, err);
     if (rc == RX_OK) {
         struct rx_attn_config c = {
             .struct_size = sizeof c, .kv_kind = RX_ATTN_KV_HEADS, .n_layer = m->n_layer,
@@ -781,6 +809,10 @@ static int s_create (const struct rx_host *host, const struct rx_model_src *src,
              m->n_vocab, m->rope.mode == RX_ROPE_NEOX ? "neox" : "normal", m->rope.n_rot,
              (double) m->rope.freq_base, (double) m->rope.freq_scale,
              m->output == m->tok_embd ? "tied" : "separate");
+    if (m->tbo && m->n_expert > 0)
+        RX_HLOG (host, RX_LOG_INFO, "%s: two-batch overlap on (%s)", src->path,
+                 s_tbo_has_async (m) ? "the dispatcher's exchanges overlap the other micro-batch"
+                                     : "the dispatcher has no asynchronous ops: micro-batches run one after the other");
     *out = m;
     return RX_OK;
 }
@@ -794,9 +826,52 @@ static int s_info (void *p, struct rx_model_info *info)
         .n_head = m->n_head, .n_kv_head = m->n_kv_head,
         .kv_bytes_per_token = m->attn_ops->kv_bytes_per_token (m->attn),
         .weight_bytes = m->weight_bytes, .n_params = m->n_params,
+        .n_moe_layer = m->n_expert > 0 ? m->n_layer : 0, .n_expert = m->n_expert,
     };
     size_t n = info->struct_size < sizeof i ? info->struct_size : sizeof i;
     memcpy (info, &i, n);
+    return RX_OK;
+}
+
+/* Two-batch overlap: micro-batch 1's dispatcher instance (the same config
+ * as m->moe's) and the rebased index arrays; nothing when TBO is off, the
+ * model dense, or the dispatcher without the asynchronous ops (then the
+ * micro-batches run one after the other through m->moe: still correct). */
+static int s_tbo_has_async (const struct ll_model *m)
+{
+    return RX_HAS (struct rx_moe_ops, m->moe_ops, combine_wait) && m->moe_ops->dispatch_start
+           && m->moe_ops->dispatch_wait && m->moe_ops->combine_start && m->moe_ops->combine_wait;
+}
+
+static int s_tbo_reserve (struct ll_model *m, struct rx_err *err)
+{
+    if (!m->tbo || m->n_expert == 0 || !m->moe) return RX_OK;
+    const size_t T = (size_t) m->max_tokens;
+    if (!m->tbo_idx) {
+        void *d;
+        int rc = m->k.ops->alloc (m->k.be, 2 * (T + 1) * sizeof (int32_t), 64, &d, err);
+        if (rc != RX_OK) return rc;
+        m->tbo_idx = d;
+        if (!(m->tbo_idx_h = m->host->alloc (m->host, 2 * (T + 1) * sizeof (int32_t), 64)))
+            return rx_err_set (err, RX_ENOMEM, "model-llama: out of memory (two-batch overlap indices)");
+    }
+    if (!s_tbo_has_async (m) || (m->moe2 && m->moe2_n_phys == m->moe_n_phys)) return RX_OK;
+    if (m->moe2) {
+        m->moe_ops->destroy (m->moe2);
+        m->moe2 = NULL;
+    }
+    struct rx_moe_config mc = {
+        .struct_size = sizeof mc, .n_expert = m->moe_n_phys, .n_expert_used = m->n_expert_used,
+        .n_embd = m->n_embd, .max_tokens = m->moe_chunk, .ep_rank = m->ep_size > 1 ? m->rank : 0,
+        .ep_size = m->ep_size, .kops = m->k.ops, .kbe = m->k.be, .stream = m->k.stream,
+        .comm = m->ep_size > 1 ? m->comm : NULL, .comm_inst = m->ep_size > 1 ? m->comm_inst : NULL,
+    };
+    int rc = m->moe_ops->create (m->moe_host, &mc, &m->moe2, err);
+    if (rc != RX_OK) {
+        m->moe2 = NULL;
+        return rc;
+    }
+    m->moe2_n_phys = m->moe_n_phys;
     return RX_OK;
 }
 
@@ -861,8 +936,13 @@ static int s_reserve (void *p, uint64_t n_slots, int32_t max_tokens, struct rx_e
          * buffers: the layers run one after another). */
         int32_t chunk = m->moe_max_tokens > 0 && m->moe_max_tokens < max_tokens ? m->moe_max_tokens
                                                                                   : max_tokens;
+        const int32_t n_phys = rx_moe_place_n_physical (&m->place, m->n_expert);
+        if ((rc = rx_moe_place_reserve (&m->place, "model-llama", T * KU, err)) != RX_OK) {
+            s_free_scratch (m);
+            return rc;
+        }
         struct rx_moe_config mc = {
-            .struct_size = sizeof mc, .n_expert = m->n_expert, .n_expert_used = m->n_expert_used,
+            .struct_size = sizeof mc, .n_expert = n_phys, .n_expert_used = m->n_expert_used,
             .n_embd = m->n_embd, .max_tokens = chunk, .ep_rank = m->ep_size > 1 ? m->rank : 0,
             .ep_size = m->ep_size, .kops = m->k.ops, .kbe = m->k.be, .stream = m->k.stream,
             .comm = m->ep_size > 1 ? m->comm : NULL, .comm_inst = m->ep_size > 1 ? m->comm_inst : NULL,
@@ -873,6 +953,11 @@ static int s_reserve (void *p, uint64_t n_slots, int32_t max_tokens, struct rx_e
             return rc;
         }
         m->moe_chunk = chunk;
+        m->moe_n_phys = n_phys;
+        if ((rc = s_tbo_reserve (m, err)) != RX_OK) {
+            s_free_scratch (m);
+            return rc;
+        }
     }
     size_t cap = (size_t) n_slots + T;
     rc = rx_model_stage_alloc (&m->stage, m->host, &m->k, max_tokens, cap, "model-llama", err);
@@ -920,39 +1005,64 @@ static int s_row_parallel (struct ll_model *m, const rx_kweight_t *w, const floa
  * routed.y, and combine adds the weighted sum to the residual.  group_rows:
  * the group's largest row count (DP attention: every rank makes the same
  * number of dispatch calls, nn may be 0), else nn. */
-static int s_moe_ffn (struct ll_model *m, const struct ll_layer *L, size_t nn, size_t group_rows,
-                      struct rx_err *err)
+/* The router of rows [r0, r0 + nn) of m->h: logits, top k, their
+ * softmax into the same rows of topw / topi, then the EPLB count and
+ * mapping.  (Split from s_moe_ffn so that two-batch overlap routes each
+ * micro-batch's rows on its own.) */
+static int s_moe_route (struct ll_model *m, const struct ll_layer *L, size_t r0, size_t nn,
+                        struct rx_err *err)
 {
     const struct rx_kernels_ops *K = m->k.ops;
     void *be = m->k.be;
     rx_kstream_t *st = m->k.stream;
-    const size_t E = (size_t) m->n_embd, FE = (size_t) m->n_ff_exp, NE = (size_t) m->n_expert,
-                 KU = (size_t) m->n_expert_used, T = (size_t) m->max_tokens;
-    if (nn > 0) {
-        LL_TRY (K->matmul (be, st, L->gate_inp, -1, m->h, E, m->router, NE, nn, 0, err));
-        LL_TRY (K->topk (be, st, m->router, NE, nn, NE, KU, m->topw, m->topi, err));
-        LL_TRY (K->softmax (be, st, m->topw, KU, nn, KU, 1.0f, err));
+    const size_t E = (size_t) m->n_embd, NE = (size_t) m->n_expert, KU = (size_t) m->n_expert_used;
+    if (nn == 0) return RX_OK;
+    LL_TRY (K->matmul (be, st, L->gate_inp, -1, m->h + r0 * E, E, m->router + r0 * NE, NE, nn, 0, err));
+    LL_TRY (K->topk (be, st, m->router + r0 * NE, NE, nn, NE, KU, m->topw + r0 * KU, m->topi + r0 * KU, err));
+    LL_TRY (K->softmax (be, st, m->topw + r0 * KU, KU, nn, KU, 1.0f, err));
+    /* EPLB: count the logical choices, map them to physical slots. */
+    return rx_moe_place_route (&m->place, &m->k, (int32_t) (L - m->layers), m->topi + r0 * KU, nn, KU,
+                               m->rank, err);
+}
+
+/* The local experts over the rows a dispatch handed out: expert e's rows of
+ * r->x through down(silu(gate_e x) * up_e x) into the same rows of r->y. */
+static int s_moe_experts (struct ll_model *m, const struct ll_layer *L, const struct rx_moe_routed *r,
+                          struct rx_err *err)
+{
+    const struct rx_kernels_ops *K = m->k.ops;
+    void *be = m->k.be;
+    rx_kstream_t *st = m->k.stream;
+    const size_t E = (size_t) m->n_embd, FE = (size_t) m->n_ff_exp, T = (size_t) m->max_tokens;
+    for (int32_t e = 0; e < r->n_local_expert; e++) {
+        const int expert = rx_moe_place_logical (&m->place, (int32_t) (L - m->layers), r->first_expert + e);
+        /* gate/up hold T rows: an expert with more (duplicate ids) runs
+         * in pieces. */
+        for (int32_t r0 = r->offsets[e]; r0 < r->offsets[e + 1]; r0 += (int32_t) T) {
+            size_t rows = (size_t) (r->offsets[e + 1] - r0) < T ? (size_t) (r->offsets[e + 1] - r0) : T;
+            const float *xr = r->x + (size_t) r0 * E;
+            LL_TRY (K->matmul (be, st, L->gate_exps, expert, xr, E, m->gate, FE, rows, 0, err));
+            LL_TRY (K->matmul (be, st, L->up_exps, expert, xr, E, m->up, FE, rows, 0, err));
+            LL_TRY (K->swiglu (be, st, m->gate, FE, m->up, FE, m->gate, FE, rows, FE, err));
+            LL_TRY (K->matmul (be, st, L->down_exps, expert, m->gate, FE, r->y + (size_t) r0 * E, E,
+                               rows, 0, err));
+        }
     }
+    return RX_OK;
+}
+
+static int s_moe_ffn (struct ll_model *m, const struct ll_layer *L, size_t nn, size_t group_rows,
+                      struct rx_err *err)
+{
+    const size_t E = (size_t) m->n_embd, KU = (size_t) m->n_expert_used;
+    LL_TRY (s_moe_route (m, L, 0, nn, err));
     for (size_t c0 = 0; c0 < group_rows; c0 += (size_t) m->moe_chunk) {
         /* cn 0: this rank has no rows left but a peer has (DP attention). */
         size_t cn = c0 >= nn ? 0 : nn - c0 < (size_t) m->moe_chunk ? nn - c0 : (size_t) m->moe_chunk;
         struct rx_moe_routed r = { .struct_size = sizeof r };
         LL_TRY (m->moe_ops->dispatch (m->moe, m->h + c0 * E, E, (int32_t) cn, m->topi + c0 * KU,
                                       m->topw + c0 * KU, &r, err));
-        for (int32_t e = 0; e < r.n_local_expert; e++) {
-            const int expert = r.first_expert + e;
-            /* gate/up hold T rows: an expert with more (duplicate ids) runs
-             * in pieces. */
-            for (int32_t r0 = r.offsets[e]; r0 < r.offsets[e + 1]; r0 += (int32_t) T) {
-                size_t rows = (size_t) (r.offsets[e + 1] - r0) < T ? (size_t) (r.offsets[e + 1] - r0) : T;
-                const float *xr = r.x + (size_t) r0 * E;
-                LL_TRY (K->matmul (be, st, L->gate_exps, expert, xr, E, m->gate, FE, rows, 0, err));
-                LL_TRY (K->matmul (be, st, L->up_exps, expert, xr, E, m->up, FE, rows, 0, err));
-                LL_TRY (K->swiglu (be, st, m->gate, FE, m->up, FE, m->gate, FE, rows, FE, err));
-                LL_TRY (K->matmul (be, st, L->down_exps, expert, m->gate, FE, r.y + (size_t) r0 * E, E,
-                                   rows, 0, err));
-            }
-        }
+        LL_TRY (s_moe_experts (m, L, &r, err));
         LL_TRY (m->moe_ops->combine (m->moe, m->x + c0 * E, E, RX_MM_ACCUMULATE, err));
     }
     return RX_OK;
@@ -990,6 +1100,242 @@ static int s_dp_ffn (struct ll_model *m, const struct ll_layer *L, size_t n, siz
     return rx_dp_ffn (&v, L->ffn_norm, L->w_gate, L->w_up, L->w_down, n, M, err);
 }
 
+/* The attention half of layer l for rows [r0, r0 + nn) of the batch (ab
+ * describes exactly those rows' sequences; d_pos and d_new point at their
+ * rows): x += attention(rms_norm(x)) Wo^T, then h = rms_norm(x) * ffn_norm
+ * (the FFN's input).  r0 > 0 only in two-batch overlap, which runs MoE
+ * models only: no tensor parallelism there, so Wo is whole. */
+static int s_attn (struct ll_model *m, const struct ll_layer *L, int32_t l, const struct rx_attn_batch *ab,
+                   const int32_t *d_pos, const int32_t *d_new, size_t r0, size_t nn, struct rx_err *err)
+{
+    const struct rx_kernels_ops *K = m->k.ops;
+    void *be = m->k.be;
+    rx_kstream_t *st = m->k.stream;
+    const size_t E = (size_t) m->n_embd;
+    const size_t qd = (size_t) m->n_head * m->hd_k, kd = (size_t) m->n_kv_head * m->hd_k,
+                 vd = (size_t) m->n_kv_head * m->hd_v, od = (size_t) m->n_head * m->hd_v;
+    float *x = m->x + r0 * E, *h = m->h + r0 * E, *q = m->q + r0 * qd, *kk = m->kk + r0 * kd,
+          *v = m->v + r0 * vd, *att = m->att + r0 * od;
+    LL_TRY (K->rms_norm (be, st, x, E, L->attn_norm, h, E, nn, E, m->eps, err));
+    LL_TRY (K->matmul (be, st, L->wq, -1, h, E, q, qd, nn, 0, err));
+    LL_TRY (K->matmul (be, st, L->wk, -1, h, E, kk, kd, nn, 0, err));
+    LL_TRY (K->matmul (be, st, L->wv, -1, h, E, v, vd, nn, 0, err));
+    if (L->bq) LL_TRY (K->add (be, st, q, qd, L->bq, 0, q, qd, nn, qd, err));
+    if (L->bk) LL_TRY (K->add (be, st, kk, kd, L->bk, 0, kk, kd, nn, kd, err));
+    if (L->bv) LL_TRY (K->add (be, st, v, vd, L->bv, 0, v, vd, nn, vd, err));
+    LL_TRY (K->rope (be, st, q, qd, nn, (size_t) m->n_head, (size_t) m->hd_k, d_pos, &m->rope, err));
+    LL_TRY (K->rope (be, st, kk, kd, nn, (size_t) m->n_kv_head, (size_t) m->hd_k, d_pos, &m->rope, err));
+    const struct rx_attn_io io = {
+        .struct_size = sizeof io, .q = q, .ldq = qd, .k = kk, .ldk = kd, .v = v, .ldv = vd,
+        .out = att, .ldo = od,
+    };
+    LL_TRY (m->attn_ops->forward (m->attn, l, ab, d_new, &io, err));
+    if (r0 == 0) LL_TRY (s_row_parallel (m, L->wo, att, od, nn, err));
+    else LL_TRY (K->matmul (be, st, L->wo, -1, att, od, x, E, nn, RX_MM_ACCUMULATE, err));
+    if (m->dp_attn && !L->gate_exps) return RX_OK;   /* s_dp_ffn norms the gathered rows itself */
+    return K->rms_norm (be, st, x, E, L->ffn_norm, h, E, nn, E, m->eps, err);
+}
+
+/* logits = (rms_norm(x) * output_norm) Wout^T for the rows b asks for. */
+static int s_logits (struct ll_model *m, const struct rx_model_batch *b, struct rx_err *err)
+{
+    const struct rx_kernels_ops *K = m->k.ops;
+    void *be = m->k.be;
+    rx_kstream_t *st = m->k.stream;
+    const size_t E = (size_t) m->n_embd;
+    if (b->n_out == 0) return RX_OK;
+    /* Gather the rows asked for (runs of consecutive rows in one copy). */
+    const float *src = m->x;
+    if (b->n_out != b->n_tokens) {
+        for (int32_t j = 0; j < b->n_out;) {
+            int32_t r0 = b->out_rows[j], len = 1;
+            while (j + len < b->n_out && b->out_rows[j + len] == r0 + len) len++;
+            LL_TRY (K->copy2d (be, st, m->x + (size_t) r0 * E, E, m->hout + (size_t) j * E, E,
+                               (size_t) len, E, err));
+            j += len;
+        }
+        src = m->hout;
+    }
+    LL_TRY (K->rms_norm (be, st, src, E, m->output_norm, m->hout, E, (size_t) b->n_out, E, m->eps, err));
+    return K->matmul (be, st, m->output, -1, m->hout, E, b->logits, (size_t) m->n_vocab,
+                      (size_t) b->n_out, 0, err);
+}
+
+/* ------------------------------------------------------ two-batch overlap -- */
+
+/* One micro-batch of s_forward_tbo: its rows [r0, r0 + n) of the step,
+ * its attention batch, its dispatcher instance, and where its exchange
+ * stands (so that an error can drain what is in flight). */
+struct ll_mb {
+    size_t r0, n;
+    struct rx_attn_batch ab;
+    const int32_t *d_pos, *d_new;
+    void *moe;
+    size_t c0, cn;          /* the chunk whose exchange is started */
+    int pend;               /* 0 none, 1 dispatch started, 2 combine started */
+};
+
+/* dispatch / combine of the last chunk of a micro-batch, started (async
+ * ops) or, without them, done at the wait (sequential, still correct). */
+static int s_mb_dstart (struct ll_model *m, struct ll_mb *b, struct rx_err *err)
+{
+    const size_t E = (size_t) m->n_embd, KU = (size_t) m->n_expert_used, r = b->r0 + b->c0;
+    if (s_tbo_has_async (m))
+        LL_TRY (m->moe_ops->dispatch_start (b->moe, m->h + r * E, E, (int32_t) b->cn, m->topi + r * KU,
+                                            m->topw + r * KU, err));
+    b->pend = 1;
+    return RX_OK;
+}
+
+static int s_mb_dwait (struct ll_model *m, const struct ll_layer *L, struct ll_mb *b, struct rx_err *err)
+{
+    const size_t E = (size_t) m->n_embd, KU = (size_t) m->n_expert_used, r = b->r0 + b->c0;
+    struct rx_moe_routed rt = { .struct_size = sizeof rt };
+    b->pend = 0;
+    if (s_tbo_has_async (m)) LL_TRY (m->moe_ops->dispatch_wait (b->moe, &rt, err));
+    else LL_TRY (m->moe_ops->dispatch (b->moe, m->h + r * E, E, (int32_t) b->cn, m->topi + r * KU,
+                                       m->topw + r * KU, &rt, err));
+    LL_TRY (s_moe_experts (m, L, &rt, err));
+    const int async = s_tbo_has_async (m);
+    if (async) LL_TRY (m->moe_ops->combine_start (b->moe, m->x + r * E, E, RX_MM_ACCUMULATE, err));
+    else LL_TRY (m->moe_ops->combine (b->moe, m->x + r * E, E, RX_MM_ACCUMULATE, err));
+    b->pend = async ? 2 : 0;
+    return RX_OK;
+}
+
+static int s_mb_cwait (struct ll_model *m, struct ll_mb *b, struct rx_err *err)
+{
+    if (b->pend != 2) return RX_OK;
+    b->pend = 0;
+    return m->moe_ops->combine_wait (b->moe, err);
+}
+
+/* Stage A of micro-batch b in layer l: finish its previous layer's combine,
+ * attention + router over its rows, every chunk but the last dispatched and
+ * combined at once, the last one's dispatch started.  nc: the chunks per
+ * micro-batch, the same on every rank under DP attention. */
+static int s_mb_front (struct ll_model *m, const struct ll_layer *L, int32_t l, struct ll_mb *b,
+                       size_t nc, struct rx_err *err)
+{
+    const size_t E = (size_t) m->n_embd, KU = (size_t) m->n_expert_used, C = (size_t) m->moe_chunk;
+    LL_TRY (s_mb_cwait (m, b, err));
+    if (b->n > 0) {
+        /* A backend that plans per batch (prepare) plans this micro-batch
+         * again: the two alternate in every layer. */
+        if (RX_HAS (struct rx_attn_ops, m->attn_ops, prepare))
+            LL_TRY (m->attn_ops->prepare (m->attn, &b->ab, err));
+        LL_TRY (s_attn (m, L, l, &b->ab, b->d_pos, b->d_new, b->r0, b->n, err));
+        LL_TRY (s_moe_route (m, L, b->r0, b->n, err));
+    }
+    for (size_t c = 0; c < nc; c++) {
+        const size_t c0 = c * C, cn = c0 >= b->n ? 0 : b->n - c0 < C ? b->n - c0 : C;
+        if (c + 1 == nc) {
+            b->c0 = c0;
+            b->cn = cn;
+            return s_mb_dstart (m, b, err);
+        }
+        const size_t r = b->r0 + c0;
+        struct rx_moe_routed rt = { .struct_size = sizeof rt };
+        LL_TRY (m->moe_ops->dispatch (b->moe, m->h + r * E, E, (int32_t) cn, m->topi + r * KU,
+                                      m->topw + r * KU, &rt, err));
+        LL_TRY (s_moe_experts (m, L, &rt, err));
+        LL_TRY (m->moe_ops->combine (b->moe, m->x + r * E, E, RX_MM_ACCUMULATE, err));
+    }
+    return RX_OK;
+}
+
+/* Whether this step runs as two micro-batches: an MoE model with TBO on,
+ * and -- alone -- at least 2 sequences; under DP attention always while a
+ * rank of the group has rows (M > 0), whatever this rank's batch, so every
+ * rank makes the same collective calls (1 sequence: (all, empty); idle:
+ * two empties). */
+static int s_tbo_on (const struct ll_model *m, const struct rx_model_batch *b, int32_t M)
+{
+    if (!m->tbo || m->n_expert == 0 || !m->tbo_idx) return 0;
+    return m->dp_attn ? M > 0 : b->n_seq >= 2;
+}
+
+/* One step as two micro-batches (models/tbo.h cuts the batch at a sequence
+ * boundary).  Per layer, SGLang's "operations with yield points" as a fixed
+ * schedule:
+ *     A(0): attention(0), router(0), dispatch_start(0)
+ *     A(1): attention(1), router(1), dispatch_start(1)   <- 0's rows in flight
+ *     B(0): dispatch_wait(0), experts(0), combine_start(0) <- 1's rows in flight
+ *     B(1): dispatch_wait(1), experts(1), combine_start(1) <- 0's combine in flight
+ * and the next layer's A(b) begins with combine_wait(b), so micro-batch 1's
+ * combine overlaps micro-batch 0's next attention.  Every rank issues the
+ * dispatcher's collectives in this one order.  The results equal the
+ * one-batch forward: rows never mix across sequences outside the MoE, and
+ * each token's expert sum has a fixed order (radix/moe.h). */
+static int s_forward_tbo (struct ll_model *m, const struct rx_model_batch *b, int32_t M, struct rx_err *err)
+{
+    const struct rx_kernels_ops *K = m->k.ops;
+    const int32_t n = b->n_tokens, T = m->max_tokens;
+    int rc = RX_OK;
+    if (m->moe2_n_phys != m->moe_n_phys) LL_TRY (s_tbo_reserve (m, err));   /* placement changed */
+    struct ll_mb mb[2];
+    memset (mb, 0, sizeof mb);
+    mb[0].moe = m->moe;
+    mb[1].moe = m->moe2 && s_tbo_has_async (m) ? m->moe2 : m->moe;
+    if (n > 0) {
+        struct rx_model_batch_dev dv;
+        LL_TRY (rx_model_stage_upload (&m->stage, m->host, &m->k, T, b, "model-llama", &dv, err));
+        int32_t s = rx_tbo_split (b->q_start, b->n_seq);
+        if (s == 0) s = b->n_seq;   /* one sequence (DP attention): (all, empty) */
+        const int32_t t1 = b->q_start[s];
+        struct rx_model_batch sub;
+        int32_t *qs = m->tbo_idx_h, *ks = m->tbo_idx_h + T + 1;
+        rx_tbo_sub (b, s, b->n_seq, qs, ks, &sub);
+        LL_TRY (K->copy_h2d (m->k.be, m->k.stream, m->tbo_idx, m->tbo_idx_h,
+                             2 * ((size_t) T + 1) * sizeof (int32_t), err));
+        mb[0].n = (size_t) t1;
+        mb[0].ab = (struct rx_attn_batch) {
+            .n_seq = s, .n_tokens = t1, .q_start = dv.q_start, .kv_start = dv.kv_start,
+            .slots = dv.kv_slots, .q_pos = dv.pos,
+        };
+        mb[0].d_pos = dv.pos;
+        mb[0].d_new = dv.new_slots;
+        mb[1].r0 = (size_t) t1;
+        mb[1].n = (size_t) (n - t1);
+        mb[1].ab = (struct rx_attn_batch) {
+            .n_seq = sub.n_seq, .n_tokens = sub.n_tokens, .q_start = m->tbo_idx,
+            .kv_start = m->tbo_idx + T + 1, .slots = dv.kv_slots + b->kv_start[s], .q_pos = dv.pos + t1,
+        };
+        mb[1].d_pos = dv.pos + t1;
+        mb[1].d_new = dv.new_slots + t1;
+        LL_TRY (K->get_rows (m->k.be, m->k.stream, m->tok_embd, dv.tokens, (size_t) n, m->x,
+                             (size_t) m->n_embd, err));
+    }
+    /* Chunks per micro-batch: alone from its own rows; under DP attention
+     * from the group's largest batch M (>= either micro-batch of any rank),
+     * so every rank makes the same number of dispatch calls. */
+    const size_t C = (size_t) m->moe_chunk;
+    size_t nc[2];
+    for (int i = 0; i < 2; i++) {
+        size_t rows = m->dp_attn ? (size_t) M : mb[i].n;
+        nc[i] = rows == 0 ? 1 : (rows + C - 1) / C;
+    }
+    for (int32_t l = 0; l < m->n_layer && rc == RX_OK; l++) {
+        const struct ll_layer *L = &m->layers[l];
+        for (int i = 0; i < 2 && rc == RX_OK; i++) rc = s_mb_front (m, L, l, &mb[i], nc[i], err);
+        for (int i = 0; i < 2 && rc == RX_OK; i++) rc = s_mb_dwait (m, L, &mb[i], err);
+        if (RX_HAS (struct rx_host, m->host, progress)) m->host->progress (m->host);
+    }
+    for (int i = 0; i < 2 && rc == RX_OK; i++) rc = s_mb_cwait (m, &mb[i], err);
+    if (rc != RX_OK) {
+        /* Drain what is still in flight so the instances are reusable (the
+         * group is broken anyway if a collective failed). */
+        for (int i = 0; i < 2; i++) {
+            struct rx_err e2 = { 0 };
+            struct rx_moe_routed rt = { .struct_size = sizeof rt };
+            if (mb[i].pend == 1 && s_tbo_has_async (m)) m->moe_ops->dispatch_wait (mb[i].moe, &rt, &e2);
+            if (mb[i].pend == 2) m->moe_ops->combine_wait (mb[i].moe, &e2);
+        }
+        return rc;
+    }
+    return n > 0 ? s_logits (m, b, err) : RX_OK;
+}
+
 static int s_forward (void *p, const struct rx_model_batch *b, struct rx_err *err)
 {
     struct ll_model *m = p;
@@ -1003,6 +1349,7 @@ static int s_forward (void *p, const struct rx_model_batch *b, struct rx_err *er
         if (rc == RX_OK) rc = rc2;
     }
     if (rc != RX_OK) return rc;
+    if (s_tbo_on (m, b, M)) return s_forward_tbo (m, b, M, err);
     if (b->n_tokens == 0) {
         /* Idle (DP attention): only the FFN collectives of every layer, and
          * none at all when every rank is idle. */
@@ -1028,36 +1375,17 @@ static int s_forward (void *p, const struct rx_model_batch *b, struct rx_err *er
         LL_TRY (m->attn_ops->prepare (m->attn, &ab, err));
 
     const size_t E = (size_t) m->n_embd, F = (size_t) m->n_ff;
-    const size_t qd = (size_t) m->n_head * m->hd_k, kd = (size_t) m->n_kv_head * m->hd_k,
-                 vd = (size_t) m->n_kv_head * m->hd_v, od = (size_t) m->n_head * m->hd_v;
     const size_t nn = (size_t) n;
 
     LL_TRY (K->get_rows (be, st, m->tok_embd, d_tok, nn, m->x, E, err));
     for (int32_t l = 0; l < m->n_layer; l++) {
         const struct ll_layer *L = &m->layers[l];
-        LL_TRY (K->rms_norm (be, st, m->x, E, L->attn_norm, m->h, E, nn, E, m->eps, err));
-        LL_TRY (K->matmul (be, st, L->wq, -1, m->h, E, m->q, qd, nn, 0, err));
-        LL_TRY (K->matmul (be, st, L->wk, -1, m->h, E, m->kk, kd, nn, 0, err));
-        LL_TRY (K->matmul (be, st, L->wv, -1, m->h, E, m->v, vd, nn, 0, err));
-        if (L->bq) LL_TRY (K->add (be, st, m->q, qd, L->bq, 0, m->q, qd, nn, qd, err));
-        if (L->bk) LL_TRY (K->add (be, st, m->kk, kd, L->bk, 0, m->kk, kd, nn, kd, err));
-        if (L->bv) LL_TRY (K->add (be, st, m->v, vd, L->bv, 0, m->v, vd, nn, vd, err));
-        LL_TRY (K->rope (be, st, m->q, qd, nn, (size_t) m->n_head, (size_t) m->hd_k, d_pos,
-                         &m->rope, err));
-        LL_TRY (K->rope (be, st, m->kk, kd, nn, (size_t) m->n_kv_head, (size_t) m->hd_k, d_pos,
-                         &m->rope, err));
-        const struct rx_attn_io io = {
-            .struct_size = sizeof io, .q = m->q, .ldq = qd, .k = m->kk, .ldk = kd,
-            .v = m->v, .ldv = vd, .out = m->att, .ldo = od,
-        };
-        LL_TRY (m->attn_ops->forward (m->attn, l, &ab, d_new, &io, err));
-        LL_TRY (s_row_parallel (m, L->wo, m->att, od, nn, err));
+        LL_TRY (s_attn (m, L, l, &ab, d_pos, d_new, 0, nn, err));
         if (m->dp_attn && !L->gate_exps) {
             LL_TRY (s_dp_ffn (m, L, nn, (size_t) M, err));
             if (RX_HAS (struct rx_host, m->host, progress)) m->host->progress (m->host);
             continue;
         }
-        LL_TRY (K->rms_norm (be, st, m->x, E, L->ffn_norm, m->h, E, nn, E, m->eps, err));
         if (L->gate_exps) {
             LL_TRY (s_moe_ffn (m, L, nn, m->dp_attn ? (size_t) M : nn, err));
         } else {
@@ -1069,23 +1397,34 @@ static int s_forward (void *p, const struct rx_model_batch *b, struct rx_err *er
         /* A long prefill is busy, not hung: tell radixd's watchdog. */
         if (RX_HAS (struct rx_host, m->host, progress)) m->host->progress (m->host);
     }
-    if (b->n_out == 0) return RX_OK;
+    return s_logits (m, b, err);
+}
 
-    /* Gather the rows asked for (runs of consecutive rows in one copy). */
-    const float *src = m->x;
-    if (b->n_out != n) {
-        for (int32_t j = 0; j < b->n_out;) {
-            int32_t r0 = b->out_rows[j], len = 1;
-            while (j + len < b->n_out && b->out_rows[j + len] == r0 + len) len++;
-            LL_TRY (K->copy2d (be, st, m->x + (size_t) r0 * E, E, m->hout + (size_t) j * E, E,
-                               (size_t) len, E, err));
-            j += len;
-        }
-        src = m->hout;
+/* EPLB (radix/model.h set_placement): take the placement; a new slot
+ * count re-creates the dispatcher with the same chunk. */
+static int s_set_placement (void *p, const struct rx_moe_placement *pl, struct rx_err *err)
+{
+    struct ll_model *m = p;
+    if (m->n_expert == 0)
+        return rx_err_set (err, RX_EINVAL, "model-llama: set_placement: %s is not a mixture-of-experts model", m->arch);
+    LL_TRY (rx_moe_place_set (&m->place, "model-llama", pl, m->n_layer, m->n_expert, err));
+    const int32_t n_phys = rx_moe_place_n_physical (&m->place, m->n_expert);
+    if (!m->moe || n_phys == m->moe_n_phys) return RX_OK;
+    m->moe_ops->destroy (m->moe);
+    m->moe = NULL;
+    struct rx_moe_config mc = {
+        .struct_size = sizeof mc, .n_expert = n_phys, .n_expert_used = m->n_expert_used,
+        .n_embd = m->n_embd, .max_tokens = m->moe_chunk, .ep_rank = m->ep_size > 1 ? m->rank : 0,
+        .ep_size = m->ep_size, .kops = m->k.ops, .kbe = m->k.be, .stream = m->k.stream,
+        .comm = m->ep_size > 1 ? m->comm : NULL, .comm_inst = m->ep_size > 1 ? m->comm_inst : NULL,
+    };
+    int rc = m->moe_ops->create (m->moe_host, &mc, &m->moe, err);
+    if (rc != RX_OK) {
+        m->moe = NULL;
+        return rc;
     }
-    LL_TRY (K->rms_norm (be, st, src, E, m->output_norm, m->hout, E, (size_t) b->n_out, E, m->eps, err));
-    return K->matmul (be, st, m->output, -1, m->hout, E, b->logits, (size_t) m->n_vocab,
-                      (size_t) b->n_out, 0, err);
+    m->moe_n_phys = n_phys;
+    return RX_OK;
 }
 
 static const char *const s_archs[] = { "llama", "qwen2", NULL };
@@ -1099,6 +1438,7 @@ static const struct rx_model_ops s_ops = {
     .info = s_info,
     .reserve = s_reserve,
     .forward = s_forward,
+    .set_placement = s_set_placement,
 };
 
 RX_PLUGIN_DEFINE (.kind = RX_KIND_MODEL, .name = "llama", .version = "0.1.0",

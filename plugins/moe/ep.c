@@ -54,6 +54,18 @@
  *
  * ep_size 1 needs no comm: the "exchange" is one device copy.
  *
+ * The asynchronous halves (radix/moe.h, two-batch overlap): dispatch_start
+ * is everything up to the rows' exchange, which it starts (comm start());
+ * dispatch_wait waits for it, reads the low-latency headers and reorders
+ * into routed.x.  combine_start reorders routed.y and starts the reverse
+ * exchange; combine_wait waits and sums into out.  The blocking dispatch /
+ * combine are the same code with the exchange blocking.  What does not
+ * overlap: normal's count exchange and auto's mode agreement (blocking
+ * collectives inside dispatch_start, which on comm-shm first wait for the
+ * operations already in flight -- the order every rank issues).  One
+ * exchange in flight per instance (its send/receive areas and count arrays
+ * belong to it): two micro-batches take two instances.
+ *
  * Errors: a bad argument is found before the first collective of the call;
  * the failing rank returns it, and its peers, already in the collective,
  * time out (comm.h: the group is then broken and the core stops).
@@ -144,12 +156,26 @@ struct ep {
     int mode;                   /* of the last dispatch */
     int32_t n_tok;              /* of the last dispatch; -1 = none */
     int32_t n_rows;
+
+    /* The asynchronous halves (two-batch overlap): where the instance is
+     * and the exchange in flight (NULL: none, or ep_size 1). */
+    int phase;                  /* EP_IDLE, EP_DSTARTED, EP_DISPATCHED, EP_CSTARTED */
+    rx_comm_req_t *req;
+    int32_t pend_tok;           /* n_tok of the started dispatch */
+    float *cout;                /* combine_start's out, ldo, flags */
+    size_t cldo;
+    uint32_t cflags;
 };
+
+enum { EP_IDLE = 0, EP_DSTARTED = 1, EP_DISPATCHED = 2, EP_CSTARTED = 3 };
 
 static void s_destroy (void *p)
 {
     struct ep *m = p;
     if (!m) return;
+    /* An exchange still in flight owns our buffers: let it finish first. */
+    if (m->req) m->C->wait (m->comm, m->req, NULL);
+    m->req = NULL;
     if (m->nmem || m->gmem || m->lmem) m->K->synchronize (m->be, m->st, NULL);
     if (m->nmem) m->K->free_ (m->be, m->nmem);
     if (m->gmem) m->K->free_ (m->be, m->gmem);
@@ -201,8 +227,9 @@ static int s_create (const struct rx_host *host, const struct rx_moe_config *cfg
     if (cfg->ep_size > 1 && (!C || !cfg->comm_inst))
         return rx_err_set (err, RX_EINVAL, EP_TAG ": ep_size %d needs the expert-parallel group's comm (config.comm is NULL)",
                            cfg->ep_size);
-    if (cfg->ep_size > 1 && (!C->all_to_all_v || (EP_MODE == EP_AUTO && !C->all_reduce)))
-        return rx_err_set (err, RX_EABI, EP_TAG ": comm lacks all_to_all_v or all_reduce");
+    if (cfg->ep_size > 1
+        && (!C->all_to_all_v || !C->start || !C->wait || (EP_MODE == EP_AUTO && !C->all_reduce)))
+        return rx_err_set (err, RX_EABI, EP_TAG ": comm lacks all_to_all_v, start/wait or all_reduce");
 
     int64_t ll_tokens = EP_MODE == EP_LL ? cfg->max_tokens : 0;
 #if EP_MODE == EP_AUTO
@@ -322,6 +349,36 @@ static int s_a2a (struct ep *m, const void *send, void *recv, int dtype, struct 
     return RX_OK;
 }
 
+/* s_a2a, started (async) or blocking: started, m->req holds the exchange
+ * (the arrays sc/sd/rc/rd stay untouched until s_a2a_wait); ep_size 1
+ * copies at once either way. */
+static int s_a2a_go (struct ep *m, const void *send, void *recv, int dtype, int async,
+                     struct rx_err *err)
+{
+    if (!async || m->P == 1) return s_a2a (m, send, recv, dtype, err);
+    const struct rx_comm_op op = {
+        .struct_size = sizeof op, .kind = RX_COMM_ALL_TO_ALL_V, .dtype = dtype, .send = send,
+        .recv = recv, .send_counts = m->sc, .send_displs = m->sd, .recv_counts = m->rc,
+        .recv_displs = m->rd, .stream = m->st,
+    };
+    int rc = m->C->start (m->comm, &op, &m->req, err);
+    if (rc != RX_OK) {
+        m->req = NULL;
+        return rx_err_set (err, rc, EP_TAG " rank %d: %s", m->rank, err ? err->msg : "");
+    }
+    return RX_OK;
+}
+
+static int s_a2a_wait (struct ep *m, struct rx_err *err)
+{
+    if (!m->req) return RX_OK;
+    rx_comm_req_t *q = m->req;
+    m->req = NULL;   /* wait frees it, success or not */
+    int rc = m->C->wait (m->comm, q, err);
+    if (rc != RX_OK) return rx_err_set (err, rc, EP_TAG " rank %d: %s", m->rank, err ? err->msg : "");
+    return RX_OK;
+}
+
 /* Where row i of rank q's rows sits in the receive area. */
 static float *s_rrow (struct ep *m, int mode, int32_t q, size_t i)
 {
@@ -373,13 +430,18 @@ static int s_grow (struct ep *m, size_t rows, struct rx_err *err)
     return RX_OK;
 }
 
-static int s_dispatch (void *p, const float *x, size_t ldx, int32_t n_tok, const int32_t *ids,
-                       const float *w, struct rx_moe_routed *routed, struct rx_err *err)
+/* The first half of a dispatch: checks, routing to the host, the sort, the
+ * gather into the send area and the exchanges -- the last (the rows) started
+ * when async, so it runs while the caller computes.  normal: the count
+ * exchange before it is blocking (the rows' sizes depend on it). */
+static int s_dstart (struct ep *m, const float *x, size_t ldx, int32_t n_tok, const int32_t *ids,
+                     const float *w, int async, struct rx_err *err)
 {
-    struct ep *m = p;
-    if (!m || !routed)
-        return rx_err_set (err, RX_EINVAL, EP_TAG ": dispatch: NULL instance or routed");
+    if (m->phase == EP_DSTARTED || m->phase == EP_CSTARTED)
+        return rx_err_set (err, RX_EINVAL, EP_TAG " rank %d: dispatch while an exchange is in flight (dispatch_wait / combine_wait first)",
+                           m->rank);
     m->n_tok = -1;
+    m->phase = EP_IDLE;
     if (n_tok < 0 || n_tok > m->max_tokens)
         return rx_err_set (err, n_tok < 0 ? RX_EINVAL : RX_ERANGE,
                            EP_TAG " rank %d: dispatch of %d tokens (0 .. max_tokens %d)", m->rank, n_tok,
@@ -387,9 +449,6 @@ static int s_dispatch (void *p, const float *x, size_t ldx, int32_t n_tok, const
     if (n_tok > 0 && (!x || !ids || !w || ldx < (size_t) m->E))
         return rx_err_set (err, RX_EINVAL, EP_TAG ": dispatch: NULL x, ids or weights, or ldx %zu < n_embd %d",
                            ldx, m->E);
-    if (routed->struct_size < offsetof (struct rx_moe_routed, y) + sizeof routed->y)
-        return rx_err_set (err, RX_EABI, EP_TAG ": dispatch: routed struct too short (%u bytes)",
-                           routed->struct_size);
     const struct rx_kernels_ops *K = m->K;
     const int32_t k = m->k, NE = m->NE, P = m->P, nl = m->nl;
     const size_t n = (size_t) n_tok * (size_t) k, E = (size_t) m->E;
@@ -446,7 +505,6 @@ static int s_dispatch (void *p, const float *x, size_t ldx, int32_t n_tok, const
         r += len;
     }
 
-    size_t total = 0;
     if (mode == EP_NORMAL) {
         /* 1. counts: I send p the counts of p's experts. */
         for (int32_t e = 0; e < NE; e++) m->fill[e] = m->cnt[e + 1] - m->cnt[e];
@@ -460,6 +518,7 @@ static int s_dispatch (void *p, const float *x, size_t ldx, int32_t n_tok, const
         EP_TRY (s_a2a (m, m->dcnt_s, m->dcnt_r, RX_I32, err));
         EP_TRY (K->copy_d2h (m->be, m->st, m->rcnt, m->dcnt_r, (size_t) P * (size_t) nl * sizeof (int32_t), err));
         EP_TRY (K->synchronize (m->be, m->st, err));
+        size_t total = 0;
         for (int32_t q = 0; q < P; q++) {
             m->rbase[q] = total;
             for (int32_t e = 0; e < nl; e++) {
@@ -479,7 +538,7 @@ static int s_dispatch (void *p, const float *x, size_t ldx, int32_t n_tok, const
             m->rc[q] *= E;
             m->rd[q] = m->rbase[q] * E;
         }
-        EP_TRY (s_a2a (m, m->sendx, m->recv, RX_F32, err));
+        EP_TRY (s_a2a_go (m, m->sendx, m->recv, RX_F32, async, err));
     } else {
         /* One fixed-size slot per peer: header (valid rows per expert of
          * the peer) then the rows. */
@@ -491,7 +550,27 @@ static int s_dispatch (void *p, const float *x, size_t ldx, int32_t n_tok, const
             m->sc[q] = m->rc[q] = m->B;
             m->sd[q] = m->rd[q] = (size_t) q * m->B;
         }
-        EP_TRY (s_a2a (m, m->lsend, m->lrecv, RX_F32, err));
+        EP_TRY (s_a2a_go (m, m->lsend, m->lrecv, RX_F32, async, err));
+    }
+    m->mode = mode;
+    m->pend_tok = n_tok;
+    m->phase = EP_DSTARTED;
+    return RX_OK;
+}
+
+/* The second half: wait for the rows, (low-latency) read the slot headers,
+ * reorder (rank, expert) -> (expert, rank) into routed.x. */
+static int s_dfinish (struct ep *m, struct rx_moe_routed *routed, struct rx_err *err)
+{
+    if (m->phase != EP_DSTARTED)
+        return rx_err_set (err, RX_EINVAL, EP_TAG " rank %d: dispatch_wait without a started dispatch", m->rank);
+    m->phase = EP_IDLE;
+    EP_TRY (s_a2a_wait (m, err));
+    const struct rx_kernels_ops *K = m->K;
+    const int32_t P = m->P, nl = m->nl;
+    const size_t E = (size_t) m->E;
+    const int mode = m->mode;
+    if (mode == EP_LL) {
         for (int32_t q = 0; q < P; q++) {
             EP_TRY (K->copy_d2h (m->be, m->st, m->rcnt + (size_t) q * nl, m->lrecv + (size_t) q * m->B,
                                  (size_t) nl * sizeof (int32_t), err));
@@ -507,7 +586,6 @@ static int s_dispatch (void *p, const float *x, size_t ldx, int32_t n_tok, const
                 tq += (size_t) c;
             }
             m->rbase[q] = 0;
-            total += tq;
         }
     }
 
@@ -532,22 +610,69 @@ static int s_dispatch (void *p, const float *x, size_t ldx, int32_t n_tok, const
     };
     size_t sz = routed->struct_size < sizeof o ? routed->struct_size : sizeof o;
     memcpy (routed, &o, sz);
-    m->mode = mode;
     m->n_rows = (int32_t) at;
-    m->n_tok = n_tok;
+    m->n_tok = m->pend_tok;
+    m->phase = EP_DISPATCHED;
     return RX_OK;
 }
 
-static int s_combine (void *p, float *out, size_t ldo, uint32_t flags, struct rx_err *err)
+static int s_routed_ok (const struct rx_moe_routed *routed, struct rx_err *err)
+{
+    if (routed->struct_size < offsetof (struct rx_moe_routed, y) + sizeof routed->y)
+        return rx_err_set (err, RX_EABI, EP_TAG ": dispatch: routed struct too short (%u bytes)",
+                           routed->struct_size);
+    return RX_OK;
+}
+
+static int s_dispatch (void *p, const float *x, size_t ldx, int32_t n_tok, const int32_t *ids,
+                       const float *w, struct rx_moe_routed *routed, struct rx_err *err)
 {
     struct ep *m = p;
-    if (!m) return rx_err_set (err, RX_EINVAL, EP_TAG ": combine: NULL instance");
-    if (m->n_tok < 0)
+    if (!m || !routed)
+        return rx_err_set (err, RX_EINVAL, EP_TAG ": dispatch: NULL instance or routed");
+    EP_TRY (s_routed_ok (routed, err));
+    EP_TRY (s_dstart (m, x, ldx, n_tok, ids, w, 0, err));
+    return s_dfinish (m, routed, err);
+}
+
+static int s_dispatch_start (void *p, const float *x, size_t ldx, int32_t n_tok, const int32_t *ids,
+                             const float *w, struct rx_err *err)
+{
+    struct ep *m = p;
+    if (!m) return rx_err_set (err, RX_EINVAL, EP_TAG ": dispatch_start: NULL instance");
+    return s_dstart (m, x, ldx, n_tok, ids, w, 1, err);
+}
+
+static int s_dispatch_wait (void *p, struct rx_moe_routed *routed, struct rx_err *err)
+{
+    struct ep *m = p;
+    if (!m || !routed)
+        return rx_err_set (err, RX_EINVAL, EP_TAG ": dispatch_wait: NULL instance or routed");
+    if (m->phase == EP_DSTARTED && s_routed_ok (routed, err) != RX_OK) {
+        /* The exchange is in flight: finish it (peers take part), then fail
+         * with s_routed_ok's message. */
+        struct rx_err e2 = { 0 };
+        s_a2a_wait (m, &e2);
+        m->phase = EP_IDLE;
+        return RX_EABI;
+    }
+    return s_dfinish (m, routed, err);
+}
+
+/* The first half of a combine: routed.y back to (rank, expert) order in the
+ * receive area, the reverse exchange started (async) or done. */
+static int s_cstart (struct ep *m, float *out, size_t ldo, uint32_t flags, int async, struct rx_err *err)
+{
+    if (m->phase == EP_DSTARTED || m->phase == EP_CSTARTED)
+        return rx_err_set (err, RX_EINVAL, EP_TAG " rank %d: combine while an exchange is in flight (dispatch_wait / combine_wait first)",
+                           m->rank);
+    if (m->n_tok < 0 || m->phase != EP_DISPATCHED)
         return rx_err_set (err, RX_EINVAL, EP_TAG ": combine without a successful dispatch before it");
-    const int32_t n_tok = m->n_tok, k = m->k, P = m->P, nl = m->nl;
+    const int32_t n_tok = m->n_tok, P = m->P, nl = m->nl;
     const size_t E = (size_t) m->E;
     const int mode = m->mode;
     m->n_tok = -1;   /* combine consumes (and clobbers) the dispatch */
+    m->phase = EP_IDLE;
     if (n_tok > 0 && (!out || ldo < E))
         return rx_err_set (err, RX_EINVAL, EP_TAG ": combine: NULL out or ldo %zu < n_embd %zu", ldo, E);
     if (flags & ~RX_MM_ACCUMULATE)
@@ -574,16 +699,36 @@ static int s_combine (void *p, float *out, size_t ldo, uint32_t flags, struct rx
             m->rc[q] = (size_t) (m->cnt[m->efirst[q + 1]] - m->cnt[m->efirst[q]]) * E;
             m->rd[q] = (size_t) m->cnt[m->efirst[q]] * E;
         }
-        EP_TRY (s_a2a (m, m->recv, m->sendx, RX_F32, err));
+        EP_TRY (s_a2a_go (m, m->recv, m->sendx, RX_F32, async, err));
     } else {
         for (int32_t q = 0; q < P; q++) {
             m->sc[q] = m->rc[q] = m->S * E;
             m->sd[q] = m->rd[q] = (size_t) q * m->B + m->H;
         }
-        EP_TRY (s_a2a (m, m->lrecv, m->lsend, RX_F32, err));
+        EP_TRY (s_a2a_go (m, m->lrecv, m->lsend, RX_F32, async, err));
     }
+    m->pend_tok = n_tok;
+    m->cout = out;
+    m->cldo = ldo;
+    m->cflags = flags;
+    m->phase = EP_CSTARTED;
+    return RX_OK;
+}
 
-    /* out[t] = sum_j w[t][j] y(t, j), in choice order, as `local` does. */
+/* The second half: wait for the rows, then out[t] = sum_j w[t][j] y(t, j)
+ * in choice order, as `local` does. */
+static int s_cfinish (struct ep *m, struct rx_err *err)
+{
+    if (m->phase != EP_CSTARTED)
+        return rx_err_set (err, RX_EINVAL, EP_TAG " rank %d: combine_wait without a started combine", m->rank);
+    m->phase = EP_IDLE;
+    EP_TRY (s_a2a_wait (m, err));
+    const int32_t n_tok = m->pend_tok, k = m->k;
+    const size_t E = (size_t) m->E, ldo = m->cldo;
+    const uint32_t flags = m->cflags;
+    const int mode = m->mode;
+    const struct rx_kernels_ops *K = m->K;
+    float *out = m->cout;
     for (int32_t t = 0; t < n_tok; t++) {
         const int32_t *row = m->row + (size_t) t * k;
         const float *w = m->w + (size_t) t * k;
@@ -608,12 +753,38 @@ static int s_combine (void *p, float *out, size_t ldo, uint32_t flags, struct rx
     return RX_OK;
 }
 
+static int s_combine (void *p, float *out, size_t ldo, uint32_t flags, struct rx_err *err)
+{
+    struct ep *m = p;
+    if (!m) return rx_err_set (err, RX_EINVAL, EP_TAG ": combine: NULL instance");
+    EP_TRY (s_cstart (m, out, ldo, flags, 0, err));
+    return s_cfinish (m, err);
+}
+
+static int s_combine_start (void *p, float *out, size_t ldo, uint32_t flags, struct rx_err *err)
+{
+    struct ep *m = p;
+    if (!m) return rx_err_set (err, RX_EINVAL, EP_TAG ": combine_start: NULL instance");
+    return s_cstart (m, out, ldo, flags, 1, err);
+}
+
+static int s_combine_wait (void *p, struct rx_err *err)
+{
+    struct ep *m = p;
+    if (!m) return rx_err_set (err, RX_EINVAL, EP_TAG ": combine_wait: NULL instance");
+    return s_cfinish (m, err);
+}
+
 static const struct rx_moe_ops s_ops = {
     .struct_size = sizeof (struct rx_moe_ops),
     .create = s_create,
     .destroy = s_destroy,
     .dispatch = s_dispatch,
     .combine = s_combine,
+    .dispatch_start = s_dispatch_start,
+    .dispatch_wait = s_dispatch_wait,
+    .combine_start = s_combine_start,
+    .combine_wait = s_combine_wait,
 };
 
 #if EP_MODE == EP_AUTO

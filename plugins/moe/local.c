@@ -51,6 +51,13 @@ struct ml {
     int32_t *fill;              /* [n_expert]: next free row per expert */
 
     int32_t n_tok;              /* of the last dispatch; -1 = none yet */
+
+    /* The asynchronous halves (see s_dispatch_start). */
+    int pend;
+    struct rx_moe_routed routed;
+    float *cout;
+    size_t cldo;
+    uint32_t cflags;
 };
 
 static void s_destroy (void *p)
@@ -147,6 +154,9 @@ static int s_dispatch (void *p, const float *x, size_t ldx, int32_t n_tok, const
     struct ml *m = p;
     if (!m || !routed)
         return rx_err_set (err, RX_EINVAL, "moe-local: dispatch: NULL instance or routed");
+    if (m->pend)
+        return rx_err_set (err, RX_EINVAL, "moe-local: dispatch while a started %s is not waited on",
+                           m->pend == 1 ? "dispatch" : "combine");
     m->n_tok = -1;
     if (n_tok < 0 || n_tok > m->max_tokens)
         return rx_err_set (err, n_tok < 0 ? RX_EINVAL : RX_ERANGE,
@@ -205,6 +215,9 @@ static int s_combine (void *p, float *out, size_t ldo, uint32_t flags, struct rx
 {
     struct ml *m = p;
     if (!m) return rx_err_set (err, RX_EINVAL, "moe-local: combine: NULL instance");
+    if (m->pend)
+        return rx_err_set (err, RX_EINVAL, "moe-local: combine while a started %s is not waited on",
+                           m->pend == 1 ? "dispatch" : "combine");
     if (m->n_tok < 0)
         return rx_err_set (err, RX_EINVAL, "moe-local: combine without a successful dispatch before it");
     const int32_t n_tok = m->n_tok, k = m->k;
@@ -239,14 +252,107 @@ static int s_combine (void *p, float *out, size_t ldo, uint32_t flags, struct rx
     return RX_OK;
 }
 
+#ifndef ML_NO_ASYNC
+/* The asynchronous halves (radix/moe.h): nothing is exchanged, so
+ * dispatch_start does the whole dispatch, dispatch_wait hands out its
+ * routed rows, combine_start remembers out and combine_wait sums into it.
+ * `pend` tracks where the instance is: 0 idle, 1 dispatch started (its
+ * result kept or its error reported by the wait), 2 combine started. */
+static int s_dispatch_start (void *p, const float *x, size_t ldx, int32_t n_tok, const int32_t *ids,
+                             const float *w, struct rx_err *err)
+{
+    struct ml *m = p;
+    if (!m) return rx_err_set (err, RX_EINVAL, "moe-local: dispatch_start: NULL instance");
+    if (m->pend)
+        return rx_err_set (err, RX_EINVAL, "moe-local: dispatch_start while a %s is started (wait first)",
+                           m->pend == 1 ? "dispatch" : "combine");
+    struct rx_moe_routed r = { .struct_size = sizeof r };
+    int rc = s_dispatch (m, x, ldx, n_tok, ids, w, &r, err);
+    if (rc != RX_OK) return rc;
+    m->routed = r;
+    m->pend = 1;
+    return RX_OK;
+}
+
+static int s_dispatch_wait (void *p, struct rx_moe_routed *routed, struct rx_err *err)
+{
+    struct ml *m = p;
+    if (!m || !routed) return rx_err_set (err, RX_EINVAL, "moe-local: dispatch_wait: NULL instance or routed");
+    if (m->pend != 1)
+        return rx_err_set (err, RX_EINVAL, "moe-local: dispatch_wait without a started dispatch");
+    m->pend = 0;
+    if (routed->struct_size < offsetof (struct rx_moe_routed, y) + sizeof routed->y) {
+        m->n_tok = -1;
+        return rx_err_set (err, RX_EABI, "moe-local: dispatch_wait: routed struct too short (%u bytes)",
+                           routed->struct_size);
+    }
+    struct rx_moe_routed o = m->routed;
+    o.struct_size = routed->struct_size;
+    size_t sz = routed->struct_size < sizeof o ? routed->struct_size : sizeof o;
+    memcpy (routed, &o, sz);
+    return RX_OK;
+}
+
+static int s_combine_start (void *p, float *out, size_t ldo, uint32_t flags, struct rx_err *err)
+{
+    struct ml *m = p;
+    if (!m) return rx_err_set (err, RX_EINVAL, "moe-local: combine_start: NULL instance");
+    if (m->pend)
+        return rx_err_set (err, RX_EINVAL, "moe-local: combine_start while a %s is started (wait first)",
+                           m->pend == 1 ? "dispatch" : "combine");
+    if (m->n_tok < 0)
+        return rx_err_set (err, RX_EINVAL, "moe-local: combine without a successful dispatch before it");
+    const size_t E = (size_t) m->n_embd;
+    if ((m->n_tok > 0 && (!out || ldo < E)) || (flags & ~RX_MM_ACCUMULATE)) {
+        m->n_tok = -1;
+        return rx_err_set (err, RX_EINVAL, "moe-local: combine: NULL out, ldo %zu < n_embd %zu or unknown flags 0x%x",
+                           ldo, E, flags);
+    }
+    m->cout = out;
+    m->cldo = ldo;
+    m->cflags = flags;
+    m->pend = 2;
+    return RX_OK;
+}
+
+static int s_combine_wait (void *p, struct rx_err *err)
+{
+    struct ml *m = p;
+    if (!m) return rx_err_set (err, RX_EINVAL, "moe-local: combine_wait: NULL instance");
+    if (m->pend != 2)
+        return rx_err_set (err, RX_EINVAL, "moe-local: combine_wait without a started combine");
+    m->pend = 0;
+    return s_combine (m, m->cout, m->cldo, m->cflags, err);
+}
+
 static const struct rx_moe_ops s_ops = {
     .struct_size = sizeof (struct rx_moe_ops),
     .create = s_create,
     .destroy = s_destroy,
     .dispatch = s_dispatch,
     .combine = s_combine,
+    .dispatch_start = s_dispatch_start,
+    .dispatch_wait = s_dispatch_wait,
+    .combine_start = s_combine_start,
+    .combine_wait = s_combine_wait,
 };
 
 RX_PLUGIN_DEFINE (.kind = RX_KIND_MOE, .name = "local", .version = "0.1.0",
                   .description = "MoE dispatcher for one rank (ep_size 1): gathers each expert's rows, combines the weighted outputs",
                   .ops = &s_ops)
+#else
+/* Test fixture (tests/tbo.am: moe-local_sync.so, not installed): the ABI
+ * 1.0 table only, as a dispatcher written before the asynchronous ops, so
+ * the model's sequential two-batch-overlap fallback is exercised. */
+static const struct rx_moe_ops s_ops = {
+    .struct_size = RX_MOE_OPS_SIZE_1_0,
+    .create = s_create,
+    .destroy = s_destroy,
+    .dispatch = s_dispatch,
+    .combine = s_combine,
+};
+
+RX_PLUGIN_DEFINE (.kind = RX_KIND_MOE, .name = "local_sync", .version = "0.1.0",
+                  .description = "test fixture: moe-local without the asynchronous ops (ABI 1.0 table)",
+                  .ops = &s_ops)
+#endif

@@ -671,7 +671,7 @@ Test (attn_mha, pool_sizing_and_forward_preconditions)
     float q[64] = { 0 }, kv[32] = { 0 }, out[32];
     int32_t *dev;
     cr_assert_eq (f->K->alloc (f->be, 64, 0, (void **) &dev, &err), RX_OK);
-    memset (dev, 0, 64);
+    cr_assert_eq (f->K->memset_ (f->be, NULL, dev, 0, 64, &err), RX_OK);   /* device memory */
     struct rx_attn_batch bt = { .n_seq = 1, .n_tokens = 1, .q_start = dev, .kv_start = dev,
                                 .slots = dev, .q_pos = dev };
     struct rx_attn_io io = { .struct_size = sizeof io, .q = q, .ldq = 64, .k = kv, .ldk = 32,

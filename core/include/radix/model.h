@@ -142,6 +142,26 @@ struct rx_model_env {
      * the DP group's comm (the same instance: its collectives are ordered
      * with the model's), so experts are sharded over the ranks. */
     int32_t ep_size;
+    /* Expert-distribution recording (EPLB, docs/eplb.md): a host array
+     * [expert_count_layers][expert_count_experts] the core owns; after its
+     * top-k, an MoE model adds to row i (its i-th MoE layer, dense blocks
+     * not counted) one per (token, chosen logical expert) of this rank's
+     * rows.  No allocation per token; a device backend copies the k ids of
+     * each row down (kops->copy_d2h) to count them.  The core reads and
+     * zeroes it between steps.  NULL (or absent: a shorter env) = not
+     * recording.  A model with more MoE layers or experts than the array
+     * has refuses at create. */
+    int64_t *expert_count;
+    int32_t expert_count_layers;
+    int32_t expert_count_experts;
+    /* [scheduler] two_batch_overlap: 1 = an MoE model splits each step's
+     * batch into two micro-batches (models/tbo.h) and interleaves their
+     * layer stages so one computes while the other's MoE dispatch / combine
+     * is in flight (radix/moe.h dispatch_start ..).  Outputs are the same
+     * as with 0.  Under DP attention every rank runs two micro-batches
+     * (empty ones when it cannot split) so their collectives match.  A
+     * dense model ignores it.  0 (or absent: a shorter env) = off. */
+    int32_t two_batch_overlap;
 };
 
 /* What the core needs to know about an instance. */
@@ -157,6 +177,9 @@ struct rx_model_info {
     uint64_t    kv_bytes_per_token; /* over all layers, as the attention backend stores it */
     uint64_t    weight_bytes;       /* bytes of the loaded weights (file form) */
     uint64_t    n_params;           /* parameters */
+    /* ---- appended (check info->struct_size) ---- */
+    int32_t     n_moe_layer;        /* MoE layers (0: a dense model) */
+    int32_t     n_expert;           /* logical experts per MoE layer */
 };
 
 /* One step.  Host arrays (see the header comment); logits is device memory
@@ -176,6 +199,14 @@ struct rx_model_batch {
     int32_t        n_out;           /* rows wanting logits (0 allowed: KV only) */
     const int32_t *out_rows;        /* [n_out] increasing row indices */
     float         *logits;          /* device [n_out][n_vocab] */
+    /* ---- appended: read only when struct_size covers it ---- */
+    int32_t        all_decode;      /* 1: a decode step (one token per sequence) on every
+                                       rank of the group -- under DP attention the ranks'
+                                       "no prefill" bits AND-ed (all-reduce MIN, SGLang's
+                                       prepare_dp_attn_batch), an idle rank counting as
+                                       decoding -- so a graph-capable backend may replay a
+                                       captured decode graph; 0 otherwise (prefill, and the
+                                       engine's idle batch) */
 };
 
 struct rx_model_ops {
@@ -210,6 +241,15 @@ struct rx_model_ops {
 
     /* ---- ABI 1.0 ends here.  Append only below (optional members; check
      * with RX_HAS (struct rx_model_ops, ops, member)). ---- */
+
+    /* (optional) switch the expert placement (radix/moe.h struct
+     * rx_moe_placement; NULL = identity) at a step boundary: between two
+     * forward() calls, on every rank of the group at the same step.  pl is
+     * borrowed until the next call or destroy.  A placement of another
+     * shape than the model's MoE layers / experts is RX_EINVAL with one
+     * line.  When n_physical changes the dispatcher is re-created (the KV
+     * pool is kept).  Outputs do not change: a copy runs the same weights. */
+    int  (*set_placement) (void *model, const struct rx_moe_placement *pl, struct rx_err *err);
 };
 
 #define RX_MODEL_OPS_SIZE_1_0 \

@@ -36,7 +36,9 @@
  * depend on the dispatcher or the ranks' timing.
  *
  * Thread-safety: one thread drives an instance; dispatch and combine
- * alternate (dispatch, then combine of that dispatch). */
+ * alternate (dispatch, then combine of that dispatch), and so do their
+ * asynchronous halves (dispatch_start .. below: one exchange in flight per
+ * instance). */
 #ifndef RADIX_MOE_H
 #define RADIX_MOE_H
 
@@ -101,10 +103,55 @@ struct rx_moe_ops {
     int  (*combine) (void *moe, float *out, size_t ldo, uint32_t flags, struct rx_err *err);
 
     /* ---- ABI 1.0 ends here.  Append only below. ---- */
+
+    /* (optional, all four or none: check with RX_HAS (struct rx_moe_ops,
+     * ops, combine_wait)) the asynchronous halves of dispatch / combine, for
+     * two-batch overlap: the model computes one micro-batch while the other
+     * micro-batch's exchange is in flight through the comm plugin's
+     * start/wait.  One exchange is in flight per instance, so a model that
+     * overlaps two micro-batches creates two instances (one per
+     * micro-batch; they may share one comm instance: comm collectives run
+     * in issue order, and every rank issues them in the same order).
+     *   dispatch (x, ..) == dispatch_start (x, ..) + dispatch_wait (routed)
+     *   combine (out, ..) == combine_start (out, ..) + combine_wait ()
+     * with identical results.  Between a start and its wait the instance's
+     * buffers belong to the exchange; x, ids and w may be reused as soon
+     * as dispatch_start returns (the rows are copied out), out must stay
+     * valid until combine_wait (which writes it).  A start may still block
+     * on a collective it needs first (ep_normal exchanges the row counts
+     * before it can size the rows' exchange; ep_auto agrees on the mode):
+     * only the bulk row exchange overlaps.  Calls out of order (a wait with
+     * nothing started, a second start before the wait, combine_start
+     * without a dispatched batch) are RX_EINVAL.  A plugin without real
+     * overlap (`local`) does the work in start or wait. */
+    int  (*dispatch_start) (void *moe, const float *x, size_t ldx, int32_t n_tok, const int32_t *ids,
+                            const float *w, struct rx_err *err);
+    int  (*dispatch_wait) (void *moe, struct rx_moe_routed *routed, struct rx_err *err);
+    int  (*combine_start) (void *moe, float *out, size_t ldo, uint32_t flags, struct rx_err *err);
+    int  (*combine_wait) (void *moe, struct rx_err *err);
 };
 
 #define RX_MOE_OPS_SIZE_1_0 \
     (offsetof (struct rx_moe_ops, combine) + sizeof (void *))
+
+/* An expert placement (EPLB, docs/eplb.md "At run time"), as the core hands
+ * it to a model plugin (rx_model_ops.set_placement).  Each MoE layer has
+ * n_physical expert slots (n_logical + redundant copies); slot s of layer l
+ * runs the weights of logical expert phy2log[l][s].  The model maps each
+ * token's chosen logical expert to one of its copies before dispatch, so
+ * the dispatcher is created with n_expert = n_physical and works on slots
+ * (rank r owns slots [r*P/ep_size, (r+1)*P/ep_size)).  Layers are counted
+ * over the MoE layers only (a model's dense leading blocks have no row).
+ * Arrays are host memory owned by the core, valid until the next
+ * set_placement or the model's destroy. */
+struct rx_moe_placement {
+    uint32_t struct_size;            /* sizeof (struct rx_moe_placement) */
+    int32_t  n_layer, n_logical, n_physical;
+    int32_t  max_copies;             /* stride of log2phy */
+    const int32_t *phy2log;          /* [n_layer][n_physical] */
+    const int32_t *logcnt;           /* [n_layer][n_logical], each >= 1 */
+    const int32_t *log2phy;          /* [n_layer][n_logical][max_copies], -1 padded */
+};
 
 #ifdef __cplusplus
 }
