@@ -20,10 +20,23 @@
 #               and the worker count line up, see docs/benchmarks.md)
 #   -b DIR      a configured radix build dir (default: the current directory)
 #   -o FILE     the markdown table (default .cache/bench/router-hitrate.md)
-#   env: the workload sizes CONVS=16 TURNS=4 IN_LEN=128 OUT_LEN=16 CONC=8
-#        (bench/serving.py --dataset multi-turn: CONVS conversations of TURNS
-#        turns, each turn adds IN_LEN new tokens and asks for OUT_LEN, CONC
-#        conversations at a time), KV=256MiB per worker; RADIX_SHARED.
+#   env: WORKLOAD=multi-turn (default) or shared-prefix, and its sizes:
+#        multi-turn: CONVS=16 TURNS=4 IN_LEN=128 OUT_LEN=16 CONC=8 KV=256MiB
+#          (bench/serving.py --dataset multi-turn: CONVS conversations of
+#          TURNS turns, each turn adds IN_LEN new tokens and asks for
+#          OUT_LEN, CONC conversations at a time; KV per worker)
+#        shared-prefix: GSP_GROUPS=16 GSP_PER_GROUP=12 GSP_SYS_LEN=256 GSP_Q_LEN=32
+#          OUT_LEN=16 CONC=8 KV=64MiB (bench/serving.py --dataset
+#          shared-prefix, SGLang's generated-shared-prefix: GSP_GROUPS system
+#          prompts of GSP_SYS_LEN tokens, GSP_PER_GROUP questions of GSP_Q_LEN tokens
+#          each, all GSP_GROUPS x GSP_PER_GROUP requests shuffled, CONC in flight).
+#          The defaults put the working set (16 x 256 = 4096 tokens of
+#          system prompts) at 2.8x one worker's KV (64MiB = 1456 tokens of
+#          the default model's 46080 bytes/token) and 0.7x the 4 workers'
+#          together: cache_aware can partition the groups (4 per worker,
+#          1024 tokens, fit) while round_robin sends every group to every
+#          worker and each one's LRU thrashes (docs/benchmarks.md).
+#        RADIX_SHARED.
 #
 # The workers start once and stay up; before every run their prefix caches
 # are flushed (POST /flush_cache) and the router is started afresh with the
@@ -59,12 +72,27 @@ shift $((OPTIND - 1))
 [ $# -le 1 ] || usage
 num () { case $2 in ''|*[!0-9]*|0) echo "router-hitrate: $1 $2: want a count >= 1" >&2; exit 2 ;; esac; }
 num -k "$reps"; num -n "$nw"; num -t "$threads"
-CONVS=${CONVS:-16} TURNS=${TURNS:-4} IN_LEN=${IN_LEN:-128} OUT_LEN=${OUT_LEN:-16} CONC=${CONC:-8} KV=${KV:-256MiB}
-for v in "$CONVS" "$TURNS" "$IN_LEN" "$OUT_LEN" "$CONC"; do num "workload size" "$v"; done
+WORKLOAD=${WORKLOAD:-multi-turn}
+case $WORKLOAD in
+    multi-turn)
+        CONVS=${CONVS:-16} TURNS=${TURNS:-4} IN_LEN=${IN_LEN:-128} OUT_LEN=${OUT_LEN:-16} CONC=${CONC:-8} KV=${KV:-256MiB}
+        for v in "$CONVS" "$TURNS" "$IN_LEN" "$OUT_LEN" "$CONC"; do num "workload size" "$v"; done
+        wl_args="--dataset multi-turn --num-prompts $CONVS --turns $TURNS --input-len $IN_LEN"
+        wl_desc="multi-turn: $CONVS conversations x $TURNS turns, +$IN_LEN tokens per turn, $OUT_LEN out, concurrency $CONC, KV $KV per worker" ;;
+    shared-prefix)
+        GSP_GROUPS=${GSP_GROUPS:-16} GSP_PER_GROUP=${GSP_PER_GROUP:-12} GSP_SYS_LEN=${GSP_SYS_LEN:-256} GSP_Q_LEN=${GSP_Q_LEN:-32}
+        OUT_LEN=${OUT_LEN:-16} CONC=${CONC:-8} KV=${KV:-64MiB}
+        for v in "$GSP_GROUPS" "$GSP_PER_GROUP" "$GSP_SYS_LEN" "$GSP_Q_LEN" "$OUT_LEN" "$CONC"; do num "workload size" "$v"; done
+        wl_args="--dataset shared-prefix --gsp-groups $GSP_GROUPS --gsp-prompts-per-group $GSP_PER_GROUP --gsp-system-len $GSP_SYS_LEN --gsp-question-len $GSP_Q_LEN"
+        wl_desc="shared-prefix: $GSP_GROUPS groups x $GSP_PER_GROUP requests, $GSP_SYS_LEN-token system prompts, $GSP_Q_LEN-token questions, $OUT_LEN out, shuffled, concurrency $CONC, KV $KV per worker" ;;
+    *) echo "router-hitrate: WORKLOAD=$WORKLOAD: want multi-turn or shared-prefix" >&2; exit 2 ;;
+esac
 build=$(cd "$build" && pwd)
 [ -f "$build/Makefile" ] || { echo "router-hitrate: $build is not a configured build dir (-b)" >&2; exit 2; }
-make -s -C "$build" router/radix-router core/radixd tools/radix >/dev/null
-make -s -C "$build" all >/dev/null        # the plugins (route policies, kernels, models)
+make -s -C "$build" router/radix-router core/radixd >/dev/null
+# the plugins; a target of someone else's work in progress that does not
+# build must not stop the run (the ones used here are checked by starting)
+make -s -k -C "$build" all >/dev/null 2>&1 || echo "router-hitrate: warning: \`make all\` in $build failed; using the plugins built" >&2
 router="$build/router/radix-router"
 radixd="$build/core/radixd"
 plugins="$build/_plugins"
@@ -75,6 +103,7 @@ if [ ! -f "$model" ]; then
     vocab="$shared/data/tokenizers/ggml-vocab-starcoder.gguf"
     [ -f "$vocab" ] || { echo "router-hitrate: $vocab not found (set RADIX_SHARED)" >&2; exit 2; }
     mkdir -p "$(dirname "$model")"
+    make -s -C "$build" tools/radix >/dev/null
     echo "router-hitrate: making $model" >&2
     "$build/tools/radix" gguf-gen --arch llama --preset smollm2-135m --vocab "$vocab" --type q8_0 --out "$model" >&2
 fi
@@ -206,10 +235,10 @@ run () { # POLICY REP
     done
     start_router "$1"
     echo "router-hitrate: rep $2/$reps: $1 (load $(cut -d' ' -f1 /proc/loadavg))" >&2
+    cut -d' ' -f1 /proc/loadavg >>"$tmp/loads"
     rc=0
     python3 "$serving" --base-url "http://127.0.0.1:$rport" --quiet --label "$1" \
-        --dataset multi-turn --num-prompts "$CONVS" --turns "$TURNS" --input-len "$IN_LEN" \
-        --output-len "$OUT_LEN" --concurrency "$CONC" --seed $((1000 * $2)) --warmup 0 \
+        $wl_args --output-len "$OUT_LEN" --concurrency "$CONC" --seed $((1000 * $2)) --warmup 0 \
         --json "$tmp/$1-$2.json" >"$tmp/$1-$2.log" 2>&1 || rc=$?
     if [ $rc -ge 2 ] || [ ! -s "$tmp/$1-$2.json" ]; then
         echo "router-hitrate: bench/serving.py failed against the router ($1):" >&2
@@ -241,9 +270,9 @@ done
 
 cpu=$(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -n1)
 python3 - "$tmp" "$reps" "$policies" "$out" "$nw" "$threads" "$(nproc)" "$cpu" "$(basename "$model")" \
-    "$CONVS" "$TURNS" "$IN_LEN" "$OUT_LEN" "$CONC" <<'EOF'
+    "$wl_desc" <<'EOF'
 import json, os, statistics, sys, time
-tmp, reps, policies, out, nw, threads, ncpu, cpu, model, convs, turns, inl, outl, conc = sys.argv[1:15]
+tmp, reps, policies, out, nw, threads, ncpu, cpu, model, wl_desc = sys.argv[1:11]
 reps = int(reps)
 pols = policies.split(",")
 med = statistics.median
@@ -276,9 +305,10 @@ if "cache_aware" in rows:
         lines.append("cache_aware / %s: hit rate %s, throughput (req/s) %.2fx, mean TTFT %.2fx" % (
             p, "%.2fx" % (a["hit"] / b["hit"]) if b["hit"] > 0 else "inf (%s 0)" % p, a["rps"] / b["rps"],
             a["ttft"] / b["ttft"] if b["ttft"] else float("nan")))
-hdr = ["Router hit rate, %s, %s CPUs (%s); %s radixd workers x %s thread(s), %s; multi-turn: %s conversations x %s turns, "
-       "+%s tokens per turn, %s out, concurrency %s; %d repetitions, medians (per-repetition hit rates in parentheses)"
-       % (time.strftime("%Y-%m-%d"), ncpu, cpu, nw, threads, model, convs, turns, inl, outl, conc, reps), ""]
+hdr = ["Router hit rate, %s, %s CPUs (%s); %s radixd workers x %s thread(s), %s; %s; %d repetitions, "
+       "medians (per-repetition hit rates in parentheses); load average during the runs %s"
+       % (time.strftime("%Y-%m-%d"), ncpu, cpu, nw, threads, model, wl_desc, reps,
+          ", ".join(open(os.path.join(tmp, "loads")).read().split()) if os.path.exists(os.path.join(tmp, "loads")) else "n/a"), ""]
 text = "\n".join(hdr + lines) + "\n"
 open(out, "w").write(text)
 print(text)

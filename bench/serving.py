@@ -11,6 +11,8 @@ usage:
       [--num-prompts M] [--seed S] [--dataset random|shared-prefix|multi-turn]
       [--input-len I] [--output-len O]                  (random; multi-turn)
       [--num-groups G --prefix-len P --suffix-len X]    (shared-prefix)
+      [--gsp-groups G --gsp-prompts-per-group K --gsp-system-len P
+       --gsp-question-len X --gsp-output-len O]         (the same, SGLang's names)
       [--turns T]                                       (multi-turn)
       [--json OUT] [--warmup N] [--tokenize auto|off] [--extra-body JSON]
 
@@ -30,7 +32,9 @@ the requested length, otherwise a words-per-token estimate is used):
   random         M prompts of about --input-len tokens, --output-len out.
   shared-prefix  --num-groups system prompts of --prefix-len tokens, each
                  shared by M / G requests with distinct --suffix-len suffixes,
-                 shuffled (SGLang's generated-shared-prefix dataset).
+                 shuffled with the seed (SGLang's generated-shared-prefix
+                 dataset; --gsp-* are its option names: --gsp-prompts-per-
+                 group K means M = G x K).
   multi-turn     M conversations of --turns turns; turn k sends turn k-1's
                  prompt + its answer + --input-len new tokens, so the shared
                  prefix grows (a prefix cache that keeps generated tokens
@@ -634,7 +638,7 @@ def parse_args(argv):
     g.add_argument("--concurrency", type=positive_int, help="closed loop with N workers (default 1)")
     g.add_argument("--request-rate", type=rate, help="Poisson arrivals, R requests/s (inf = all at once)")
     p.add_argument("--max-concurrency", type=positive_int, help="with --request-rate: most jobs in flight")
-    p.add_argument("--num-prompts", type=positive_int, default=16,
+    p.add_argument("--num-prompts", type=positive_int,
                    help="requests (conversations for multi-turn); default 16")
     p.add_argument("--seed", type=int, default=1, help="RNG seed for prompts and arrivals (default 1)")
     p.add_argument("--dataset", default="random", choices=["random", "shared-prefix", "multi-turn"])
@@ -645,6 +649,14 @@ def parse_args(argv):
     p.add_argument("--prefix-len", type=positive_int, default=512, help="shared-prefix: tokens per system prompt (512)")
     p.add_argument("--suffix-len", type=positive_int, default=32, help="shared-prefix: tokens per question (32)")
     p.add_argument("--turns", type=positive_int, default=4, help="multi-turn: turns per conversation (4)")
+    # SGLang bench_serving's names for its generated-shared-prefix dataset
+    # (--gsp-num-groups etc. there); each sets the option named in its help.
+    p.add_argument("--gsp-groups", type=positive_int, help="shared-prefix: = --num-groups")
+    p.add_argument("--gsp-prompts-per-group", type=positive_int,
+                   help="shared-prefix: requests per group; sets --num-prompts to groups x this")
+    p.add_argument("--gsp-system-len", type=positive_int, help="shared-prefix: = --prefix-len")
+    p.add_argument("--gsp-question-len", type=positive_int, help="shared-prefix: = --suffix-len")
+    p.add_argument("--gsp-output-len", type=positive_int, help="shared-prefix: = --output-len")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
     p.add_argument("--extra-body", default="{}", help="JSON object merged into every request body")
     p.add_argument("--warmup", type=nonneg_int, default=1,
@@ -668,6 +680,20 @@ def parse_args(argv):
         p.error("--extra-body: want a JSON object")
     if a.temperature < 0:
         p.error("--temperature must be >= 0")
+    gsp = {"gsp_groups": "num_groups", "gsp_system_len": "prefix_len",
+           "gsp_question_len": "suffix_len", "gsp_output_len": "output_len"}
+    given = [k for k in list(gsp) + ["gsp_prompts_per_group"] if getattr(a, k) is not None]
+    if given and a.dataset != "shared-prefix":
+        p.error("--%s: only with --dataset shared-prefix" % given[0].replace("_", "-"))
+    for k, v in gsp.items():
+        if getattr(a, k) is not None:
+            setattr(a, v, getattr(a, k))
+    if a.gsp_prompts_per_group is not None:
+        if a.num_prompts is not None:
+            p.error("--num-prompts and --gsp-prompts-per-group: give one of them")
+        a.num_prompts = a.num_groups * a.gsp_prompts_per_group
+    if a.num_prompts is None:
+        a.num_prompts = 16
     if a.dataset == "shared-prefix" and a.num_prompts < a.num_groups:
         p.error("--num-prompts (%d) must be >= --num-groups (%d)" % (a.num_prompts, a.num_groups))
     return a
