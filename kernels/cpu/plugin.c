@@ -23,6 +23,8 @@
 #define S_DEFAULT_ALIGN 64
 #define S_BUF_MAGIC 0x6675424bu
 #define S_STREAM_MAGIC 0x6d727453u
+/* Address space the guard mode reserves (nothing is committed until used). */
+#define S_GUARD_RESERVE ((size_t) 16 << 30)
 
 /* Header in front of every alloc()ed block: lets free_ spot foreign
  * pointers and destroy release whatever the caller forgot. */
@@ -48,6 +50,10 @@ static const struct rx_cfg_key s_keys[] = {
       "auto: repack into the SIMD path's layout where it has one (huge pages), else "
       "compute on the mmapped file; map: always zero copy; copy: GGML layout in huge pages",
       0, 0, "auto|map|copy" },
+    { "guard_device_memory", RX_CFG_BOOL, "false",
+      "test only: alloc() memory and plain weights are PROT_NONE outside kernel ops, so a "
+      "host dereference of a device pointer crashes as it would on a GPU (also: environment "
+      "RADIX_KCPU_GUARD=1)", 0, 0, NULL },
     { NULL, 0, NULL, NULL, 0, 0, NULL }
 };
 
@@ -119,9 +125,12 @@ static int s_create (const struct rx_host *host, const struct rx_kernels_params 
             return rx_err_set (err, RX_EABI, "kernels-cpu create: params struct_size %u too "
                                "small", p->struct_size);
         threads = p->threads;
-        if (p->device != 0)
+        if (p->device != 0 && p->device != RX_KDEVICE_AUTO)
             return rx_err_set (err, RX_EINVAL, "kernels-cpu create: device %d: the CPU "
                                "backend has only device 0", p->device);
+        if (p->struct_size >= offsetof (struct rx_kernels_params, rank) + sizeof (int32_t))
+            RX_HLOG (host, RX_LOG_DEBUG, "create: rank %d, device %s -> %d", p->rank,
+                     p->device == RX_KDEVICE_AUTO ? "auto" : "0", rx_kernels_pick_device (p, 1));
     }
     if (threads < 0 || threads > 4096)
         return rx_err_set (err, RX_EINVAL, "kernels-cpu create: threads = %d (0..4096)", threads);
@@ -133,6 +142,11 @@ static int s_create (const struct rx_host *host, const struct rx_kernels_params 
     if (rc != RX_OK) return rc;
     int64_t spin = 1000;
     if (host && host->cfg_int && host->cfg_int (host, "spin_us", &spin) != RX_OK) spin = 1000;
+    int guard = 0;
+    if (host && host->cfg_bool && host->cfg_bool (host, "guard_device_memory", &guard) != RX_OK)
+        guard = 0;
+    const char *genv = getenv ("RADIX_KCPU_GUARD");
+    if (genv && *genv && strcmp (genv, "0") != 0) guard = 1;
     int wmode;
     if (strcmp (weights, "auto") == 0) wmode = RX_KW_AUTO;
     else if (strcmp (weights, "map") == 0) wmode = RX_KW_MAP;
@@ -156,6 +170,16 @@ static int s_create (const struct rx_host *host, const struct rx_kernels_params 
         free (k);
         return err ? err->code : RX_ENOMEM;
     }
+    if (guard) {
+        if (!(k->guard = rx_kguard_new (S_GUARD_RESERVE, err))) {
+            rx_kpool_destroy (&k->pool);
+            free (k);
+            return err ? err->code : RX_ENOMEM;
+        }
+        rx_kguard_install_handler ();
+        RX_HLOG (host, RX_LOG_INFO, "guard_device_memory: device memory is inaccessible to the "
+                 "host outside kernel ops (test mode)");
+    }
     RX_HLOG (host, RX_LOG_INFO, "%d threads, isa %s (cpu: %s), weights %s",
              threads, k->isa->name, rx_kisa_features (), weights);
     *be = k;
@@ -176,9 +200,23 @@ static void s_destroy (void *be)
         b->magic = 0;
         free (b->raw);
     }
+    rx_kguard_destroy (&k->guard);   /* after the weights: they free their blocks */
     free (k->scratch);
     free (k->xq_buf);
     free (k);
+}
+
+/* MemAvailable of /proc/meminfo in bytes, 0 if unknown. */
+static uint64_t s_mem_available (void)
+{
+    FILE *f = fopen ("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets (line, sizeof line, f))
+        if (sscanf (line, "MemAvailable: %llu kB", &kb) == 1) break;
+    fclose (f);
+    return (uint64_t) kb * 1024;
 }
 
 static int s_info (void *be, struct rx_kernels_info *info)
@@ -199,9 +237,15 @@ static int s_info (void *be, struct rx_kernels_info *info)
               k->isa->name, k->nth);
     long pages = sysconf (_SC_PHYS_PAGES), psz = sysconf (_SC_PAGESIZE);
     info->mem_bytes = pages > 0 && psz > 0 ? (uint64_t) pages * (uint64_t) psz : 0;
-    info->caps = RX_KCAP_HOST_VISIBLE | RX_KCAP_KV_F16;
+    /* Guard mode: device pointers are not host-visible (that is its point). */
+    info->caps = (k->guard ? 0 : RX_KCAP_HOST_VISIBLE) | RX_KCAP_KV_F16;
     if (sz >= offsetof (struct rx_kernels_info, threads) + sizeof (int32_t))
         info->threads = k->nth;
+    if (sz >= offsetof (struct rx_kernels_info, device_index) + sizeof (int32_t)) {
+        info->mem_free = s_mem_available ();
+        info->n_devices = 1;
+        info->device_index = 0;
+    }
     return RX_OK;
 }
 
@@ -217,6 +261,7 @@ static int s_alloc (void *be, size_t bytes, size_t align, void **dptr, struct rx
         return rx_err_set (err, RX_EINVAL, "kernels-cpu alloc: align %zu is not a power of two "
                            "<= 2 MiB", align);
     if (align < S_DEFAULT_ALIGN) align = S_DEFAULT_ALIGN;
+    if (k->guard) return rx_kguard_alloc (k->guard, bytes, align, dptr, err);
     size_t hdr = (sizeof (struct rx_kbuf) + align - 1) / align * align;
     if (bytes > SIZE_MAX - hdr - align)
         return rx_err_set (err, RX_ENOMEM, "kernels-cpu alloc: %zu bytes is too large", bytes);
@@ -242,6 +287,12 @@ static void s_free (void *be, void *dptr)
 {
     struct rx_kcpu *k = be;
     if (!k || !dptr) return;
+    if (k->guard && rx_kguard_contains (k->guard, dptr)) {
+        if (rx_kguard_free (k->guard, dptr) != RX_OK)
+            RX_HLOG (k->host, RX_LOG_ERROR, "free: %p is not the start of a guarded buffer; "
+                     "ignored", dptr);
+        return;
+    }
     /* Look the pointer up rather than read a header in front of memory that
      * may not be ours. */
     struct rx_kbuf *b = k->bufs;
@@ -442,6 +493,22 @@ static int s_weight_load (void *be, const struct rx_weight_view *v, rx_kweight_t
         w->owned = m;
         w->data = m;
     }
+    if (k->guard && !w->repacked) {
+        /* The op reads the weight where weight_data() points: there. */
+        int rc = rx_kguard_alloc (k->guard, v->nbytes, 64, &w->guarded, err);
+        if (rc != RX_OK) {
+            if (w->owned && w->owned_bytes) munmap (w->owned, w->owned_bytes);
+            else free (w->owned);
+            free (w);
+            return rc;
+        }
+        memcpy (w->guarded, w->data, v->nbytes);   /* inside weight_load: open */
+        w->data = w->guarded;
+        if (w->owned && w->owned_bytes) munmap (w->owned, w->owned_bytes);
+        else free (w->owned);
+        w->owned = NULL;
+        w->owned_bytes = 0;
+    }
     w->next = k->weights;
     if (k->weights) k->weights->prev = w;
     k->weights = w;
@@ -455,6 +522,7 @@ static void s_weight_release (struct rx_kcpu *k, struct rx_kweight *w)
     if (w->next) w->next->prev = w->prev;
     if (w->owned && w->owned_bytes) munmap (w->owned, w->owned_bytes);
     else free (w->owned);
+    if (w->guarded) rx_kguard_free (k->guard, w->guarded);
     w->magic = 0;
     free (w);
 }
@@ -749,6 +817,81 @@ static int s_attention (void *be, rx_kstream_t *s, const float *q, size_t ldq,
     return rx_kcpu_attention (k, q, ldq, pool, b, p, out, ldo, err);
 }
 
+/* --------------------------------------------------- guard-mode wrappers -- */
+
+/* Every op that touches memory runs between rx_kguard_open and _close, so
+ * in guard mode device memory is accessible exactly while an op runs. */
+#define S_GUARDED(op, params, args)                                          \
+    static int g_##op params                                                 \
+    {                                                                        \
+        struct rx_kcpu *gk = be;                                             \
+        if (!gk || !gk->guard) return s_##op args;                           \
+        rx_kguard_open (gk->guard);                                          \
+        int grc = s_##op args;                                               \
+        rx_kguard_close (gk->guard);                                         \
+        return grc;                                                          \
+    }
+
+S_GUARDED (copy_h2d, (void *be, rx_kstream_t *s, void *dst, const void *src, size_t bytes, struct rx_err *err),
+           (be, s, dst, src, bytes, err))
+
+S_GUARDED (copy_d2h, (void *be, rx_kstream_t *s, void *dst, const void *src, size_t bytes, struct rx_err *err),
+           (be, s, dst, src, bytes, err))
+
+S_GUARDED (copy_d2d, (void *be, rx_kstream_t *s, void *dst, const void *src, size_t bytes, struct rx_err *err),
+           (be, s, dst, src, bytes, err))
+
+S_GUARDED (memset, (void *be, rx_kstream_t *s, void *dst, int byte, size_t bytes, struct rx_err *err),
+           (be, s, dst, byte, bytes, err))
+
+S_GUARDED (weight_load, (void *be, const struct rx_weight_view *v, rx_kweight_t **w, struct rx_err *err),
+           (be, v, w, err))
+
+S_GUARDED (get_rows, (void *be, rx_kstream_t *s, const rx_kweight_t *w, const int32_t *ids, size_t n, float *out, size_t ldo, struct rx_err *err),
+           (be, s, w, ids, n, out, ldo, err))
+
+S_GUARDED (rms_norm, (void *be, rx_kstream_t *s, const float *x, size_t ldx, const float *w, float *y, size_t ldy, size_t rows, size_t dim, float eps, struct rx_err *err),
+           (be, s, x, ldx, w, y, ldy, rows, dim, eps, err))
+
+S_GUARDED (rope, (void *be, rx_kstream_t *s, float *x, size_t ldx, size_t n_tok, size_t n_head, size_t ld_head, const int32_t *pos, const struct rx_rope_params *p, struct rx_err *err),
+           (be, s, x, ldx, n_tok, n_head, ld_head, pos, p, err))
+
+S_GUARDED (matmul, (void *be, rx_kstream_t *s, const rx_kweight_t *w, int expert, const float *x, size_t ldx, float *y, size_t ldy, size_t n, uint32_t flags, struct rx_err *err),
+           (be, s, w, expert, x, ldx, y, ldy, n, flags, err))
+
+S_GUARDED (swiglu, (void *be, rx_kstream_t *s, const float *gate, size_t ldg, const float *up, size_t ldu, float *out, size_t ldo, size_t rows, size_t dim, struct rx_err *err),
+           (be, s, gate, ldg, up, ldu, out, ldo, rows, dim, err))
+
+S_GUARDED (add, (void *be, rx_kstream_t *s, const float *a, size_t lda, const float *b, size_t ldb, float *y, size_t ldy, size_t rows, size_t dim, struct rx_err *err),
+           (be, s, a, lda, b, ldb, y, ldy, rows, dim, err))
+
+S_GUARDED (mul, (void *be, rx_kstream_t *s, const float *a, size_t lda, const float *b, size_t ldb, float *y, size_t ldy, size_t rows, size_t dim, struct rx_err *err),
+           (be, s, a, lda, b, ldb, y, ldy, rows, dim, err))
+
+S_GUARDED (scale, (void *be, rx_kstream_t *s, const float *x, size_t ldx, float *y, size_t ldy, size_t rows, size_t dim, float alpha, struct rx_err *err),
+           (be, s, x, ldx, y, ldy, rows, dim, alpha, err))
+
+S_GUARDED (softmax, (void *be, rx_kstream_t *s, float *x, size_t ldx, size_t rows, size_t dim, float scale, struct rx_err *err),
+           (be, s, x, ldx, rows, dim, scale, err))
+
+S_GUARDED (sigmoid, (void *be, rx_kstream_t *s, const float *x, size_t ldx, float *y, size_t ldy, size_t rows, size_t dim, struct rx_err *err),
+           (be, s, x, ldx, y, ldy, rows, dim, err))
+
+S_GUARDED (copy2d, (void *be, rx_kstream_t *s, const float *x, size_t ldx, float *y, size_t ldy, size_t rows, size_t dim, struct rx_err *err),
+           (be, s, x, ldx, y, ldy, rows, dim, err))
+
+S_GUARDED (argmax, (void *be, rx_kstream_t *s, const float *x, size_t ldx, size_t rows, size_t dim, int32_t *out, struct rx_err *err),
+           (be, s, x, ldx, rows, dim, out, err))
+
+S_GUARDED (topk, (void *be, rx_kstream_t *s, const float *x, size_t ldx, size_t rows, size_t dim, size_t kk, float *vals, int32_t *idx, struct rx_err *err),
+           (be, s, x, ldx, rows, dim, kk, vals, idx, err))
+
+S_GUARDED (kv_store, (void *be, rx_kstream_t *s, const struct rx_kv_pool *pool, const float *kx, size_t ldk, const float *vx, size_t ldv, const int32_t *slots, size_t n_tok, struct rx_err *err),
+           (be, s, pool, kx, ldk, vx, ldv, slots, n_tok, err))
+
+S_GUARDED (attention, (void *be, rx_kstream_t *s, const float *q, size_t ldq, const struct rx_kv_pool *pool, const struct rx_attn_batch *b, const struct rx_attn_params *p, float *out, size_t ldo, struct rx_err *err),
+           (be, s, q, ldq, pool, b, p, out, ldo, err))
+
 /* ------------------------------------------------------------ the table -- */
 
 static const struct rx_kernels_ops s_ops = {
@@ -758,10 +901,10 @@ static const struct rx_kernels_ops s_ops = {
     .info = s_info,
     .alloc = s_alloc,
     .free_ = s_free,
-    .copy_h2d = s_copy_h2d,
-    .copy_d2h = s_copy_d2h,
-    .copy_d2d = s_copy_d2d,
-    .memset_ = s_memset,
+    .copy_h2d = g_copy_h2d,
+    .copy_d2h = g_copy_d2h,
+    .copy_d2d = g_copy_d2d,
+    .memset_ = g_memset,
     .stream_create = s_stream_create,
     .stream_destroy = s_stream_destroy,
     .synchronize = s_synchronize,
@@ -769,24 +912,24 @@ static const struct rx_kernels_ops s_ops = {
     .graph_end = s_graph_end,
     .graph_launch = s_graph_launch,
     .graph_has = s_graph_has,
-    .weight_load = s_weight_load,
+    .weight_load = g_weight_load,
     .weight_free = s_weight_free,
     .weight_data = s_weight_data,
-    .get_rows = s_get_rows,
-    .rms_norm = s_rms_norm,
-    .rope = s_rope,
-    .matmul = s_matmul,
-    .swiglu = s_swiglu,
-    .add = s_add,
-    .mul = s_mul,
-    .scale = s_scale,
-    .softmax = s_softmax,
-    .sigmoid = s_sigmoid,
-    .copy2d = s_copy2d,
-    .argmax = s_argmax,
-    .topk = s_topk,
-    .kv_store = s_kv_store,
-    .attention = s_attention,
+    .get_rows = g_get_rows,
+    .rms_norm = g_rms_norm,
+    .rope = g_rope,
+    .matmul = g_matmul,
+    .swiglu = g_swiglu,
+    .add = g_add,
+    .mul = g_mul,
+    .scale = g_scale,
+    .softmax = g_softmax,
+    .sigmoid = g_sigmoid,
+    .copy2d = g_copy2d,
+    .argmax = g_argmax,
+    .topk = g_topk,
+    .kv_store = g_kv_store,
+    .attention = g_attention,
 };
 
 RX_PLUGIN_DEFINE (.kind = RX_KIND_KERNELS, .name = "cpu", .version = S_VERSION,

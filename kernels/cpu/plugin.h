@@ -12,6 +12,7 @@
 #include <radix/host.h>
 #include <radix/kernel.h>
 
+#include "guard.h"
 #include "isa.h"
 #include "pool.h"
 
@@ -27,6 +28,9 @@ struct rx_kcpu {
     const struct rx_kisa *isa;
     int weights_mode;             /* RX_KW_*: [kernels.cpu] weights */
     struct rx_kbuf *bufs;         /* every live alloc(), freed by destroy */
+    rx_kguard_t *guard;           /* [kernels.cpu] guard_device_memory: alloc()
+                                   * and plain weights live in a region that
+                                   * is PROT_NONE outside ops (guard.h); NULL = off */
     struct rx_kweight *weights;   /* every live weight */
     void  *scratch;               /* ops' temporary memory, 64-aligned */
     size_t scratch_cap;
@@ -49,6 +53,7 @@ struct rx_kweight {
     int      repacked;            /* rows in the ISA path's layout, not GGML's */
     const uint8_t *data;
     void    *owned;               /* our copy (weights = copy), else NULL */
+    void    *guarded;             /* guard mode: data copied into the guard region */
     size_t   owned_bytes;
     struct rx_kweight *prev, *next;
 };

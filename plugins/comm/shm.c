@@ -67,6 +67,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -128,6 +129,8 @@ struct s_hdr {
 
 struct shm {
     const struct rx_host *host;
+    const struct rx_kernels_ops *kops; /* the backend owning the op buffers; NULL: host memory */
+    void *kbe;
     char group[S_GROUP_MAX + 1];
     char name[S_GROUP_MAX + 16];      /* "/radix-<group>" */
     int rank, n;
@@ -146,6 +149,7 @@ struct shm {
     const char *opname;
     int broken;
     int bcode;
+    uint64_t hang_op;                 /* RADIX_TEST_COMM_HANG (tests only): this rank stops at op #hang_op; 0 = never */
     char bmsg[RX_ERR_MSG_MAX + 96];    /* "comm-shm <group>: <reason>" (cut to rx_err's size) */
 
     /* Overlap (see the top): all below under mu once thr_on, except
@@ -434,6 +438,34 @@ static int s_sync_first (struct shm *c, int par, const struct rx_comm_op *op, st
 
 static inline size_t s_min (size_t a, size_t b) { return a < b ? a : b; }
 
+/* The op's buffers are device memory of the kernel backend (radix/comm.h):
+ * they move to and from the (host) segment through its copy ops, and the
+ * host waits for each copy (synchronize) before the segment is read or
+ * reused.  Without a backend (tests on plain memory) a memcpy.  The copy
+ * may run on the progress thread while the driving thread issues ops: the
+ * backends' copies allow that (CUDA streams; kernels-cpu memmove). */
+static int s_xfer (struct shm *c, const struct rx_comm_op *op, int to_dev, void *dst,
+                   const void *src, size_t bytes, struct rx_err *err)
+{
+    if (!bytes) return RX_OK;
+    if (!c->kops) {
+        memcpy (dst, src, bytes);
+        return RX_OK;
+    }
+    struct rx_err e = { 0 };
+    int rc = to_dev ? c->kops->copy_h2d (c->kbe, op->stream, dst, src, bytes, &e)
+                    : c->kops->copy_d2h (c->kbe, op->stream, dst, src, bytes, &e);
+    if (rc == RX_OK) rc = c->kops->synchronize (c->kbe, op->stream, &e);
+    if (rc != RX_OK)
+        return s_break (c, err, rc, "%s #%llu: %s of %zu bytes: %s", c->opname,
+                        (unsigned long long) c->opno, to_dev ? "copy_h2d" : "copy_d2h", bytes, e.msg);
+    return RX_OK;
+}
+#define S_D2H(dst, src, bytes) do { int xrc_ = s_xfer (c, op, 0, dst, src, bytes, err); \
+                                    if (xrc_) return xrc_; } while (0)
+#define S_H2D(dst, src, bytes) do { int xrc_ = s_xfer (c, op, 1, dst, src, bytes, err); \
+                                    if (xrc_) return xrc_; } while (0)
+
 /* Slice [*lo, *hi) of m elements that rank r reduces (16-element aligned). */
 static inline void s_slice (size_t m, int n, int r, size_t *lo, size_t *hi)
 {
@@ -454,7 +486,7 @@ static int s_all_reduce (struct shm *c, const struct rx_comm_op *op, size_t elt,
     do {
         size_t m = s_min (ch, op->count - off);
         int par = (int) (c->use++ & 1);
-        if (m) memcpy (s_buf (c, c->rank, par), send + off * elt, m * elt);
+        S_D2H (s_buf (c, c->rank, par), send + off * elt, m * elt);
         int rc = first ? s_sync_first (c, par, op, err) : s_barrier (c, err);
         if (rc) return rc;
         first = 0;
@@ -467,7 +499,7 @@ static int s_all_reduce (struct shm *c, const struct rx_comm_op *op, size_t elt,
         if ((rc = s_barrier (c, err))) return rc;
         for (int r = 0; r < c->n; r++) {
             s_slice (m, c->n, r, &lo, &hi);
-            if (hi > lo) memcpy (recv + (off + lo) * elt, s_buf (c, r, par) + lo * elt, (hi - lo) * elt);
+            if (hi > lo) S_H2D (recv + (off + lo) * elt, s_buf (c, r, par) + lo * elt, (hi - lo) * elt);
         }
         off += m;
     } while (off < op->count);
@@ -484,13 +516,13 @@ static int s_all_gather (struct shm *c, const struct rx_comm_op *op, size_t elt,
     do {
         size_t m = s_min (ch, cnt - off);
         int par = (int) (c->use++ & 1);
-        if (m) memcpy (s_buf (c, c->rank, par), send + off * elt, m * elt);
+        S_D2H (s_buf (c, c->rank, par), send + off * elt, m * elt);
         int rc = first ? s_sync_first (c, par, op, err) : s_barrier (c, err);
         if (rc) return rc;
         first = 0;
         for (int r = 0; r < c->n && m; r++) {
             if (r == c->rank && in_place) continue;
-            memcpy (recv + ((size_t) r * cnt + off) * elt, s_buf (c, r, par), m * elt);
+            S_H2D (recv + ((size_t) r * cnt + off) * elt, s_buf (c, r, par), m * elt);
         }
         off += m;
     } while (off < cnt);
@@ -511,13 +543,16 @@ static int s_reduce_scatter (struct shm *c, const struct rx_comm_op *op, size_t 
         int par = (int) (c->use++ & 1);
         unsigned char *mine = s_buf (c, c->rank, par);
         for (int d = 0; d < c->n && m; d++)
-            memcpy (mine + (size_t) d * ch * elt, send + ((size_t) d * cnt + off) * elt, m * elt);
+            S_D2H (mine + (size_t) d * ch * elt, send + ((size_t) d * cnt + off) * elt, m * elt);
         int rc = first ? s_sync_first (c, par, op, err) : s_barrier (c, err);
         if (rc) return rc;
         first = 0;
         if (m) {
+            /* Reduce into my own slot of my buffer (only I read it; the
+             * reduction allows dst == src[rank]), then up to the device. */
             for (int r = 0; r < c->n; r++) src[r] = s_buf (c, r, par) + (size_t) c->rank * ch * elt;
-            fn (recv + off * elt, src, c->n, m);
+            fn (mine + (size_t) c->rank * ch * elt, src, c->n, m);
+            S_H2D (recv + off * elt, mine + (size_t) c->rank * ch * elt, m * elt);
         }
         off += m;
     } while (off < cnt);
@@ -532,11 +567,11 @@ static int s_broadcast (struct shm *c, const struct rx_comm_op *op, size_t elt, 
     do {
         size_t m = s_min (ch, op->count - off);
         int par = (int) (c->use++ & 1);
-        if (c->rank == op->root && m) memcpy (s_buf (c, c->rank, par), buf + off * elt, m * elt);
+        if (c->rank == op->root) S_D2H (s_buf (c, c->rank, par), buf + off * elt, m * elt);
         int rc = first ? s_sync_first (c, par, op, err) : s_barrier (c, err);
         if (rc) return rc;
         first = 0;
-        if (c->rank != op->root && m) memcpy (buf + off * elt, s_buf (c, op->root, par), m * elt);
+        if (c->rank != op->root) S_H2D (buf + off * elt, s_buf (c, op->root, par), m * elt);
         off += m;
     } while (off < op->count);
     return RX_OK;
@@ -562,7 +597,7 @@ static int s_all_to_all_v (struct shm *c, const struct rx_comm_op *op, size_t el
         for (int p = 0; p < c->n; p++) {
             size_t len = op->send_counts[p] * elt, lo = k * S;
             if (lo < len)
-                memcpy (mine + (size_t) p * S, send + op->send_displs[p] * elt + lo, s_min (S, len - lo));
+                S_D2H (mine + (size_t) p * S, send + op->send_displs[p] * elt + lo, s_min (S, len - lo));
         }
         int rc;
         if (k == 0) {
@@ -592,8 +627,8 @@ static int s_all_to_all_v (struct shm *c, const struct rx_comm_op *op, size_t el
         for (int r = 0; r < c->n; r++) {
             size_t len = op->recv_counts[r] * elt, lo = k * S;
             if (lo < len)
-                memcpy (recv + op->recv_displs[r] * elt + lo,
-                        s_buf (c, r, par) + (size_t) c->rank * S, s_min (S, len - lo));
+                S_H2D (recv + op->recv_displs[r] * elt + lo,
+                       s_buf (c, r, par) + (size_t) c->rank * S, s_min (S, len - lo));
         }
     }
     return RX_OK;
@@ -608,6 +643,15 @@ static int s_run (struct shm *c, const struct rx_comm_op *op, struct rx_err *err
     c->opno++;
     c->opname = s_kind_name (op->kind);
     unsigned long long no = (unsigned long long) c->opno;
+    if (c->hang_op && c->opno == c->hang_op) {
+        /* Injected hang (test only, see s_create): this rank never joins the
+         * collective, like a stuck kernel; the peers' comm_timeout breaks
+         * the group, and then this rank fails too. */
+        c->host->log (c->host, RX_LOG_WARN, "comm-shm %s: RADIX_TEST_COMM_HANG: rank %d hangs in %s #%llu",
+                      c->group, c->rank, c->opname, no);
+        while (!s_is_broken (c)) s_sleep_ms (20);
+        return s_adopt (c, err);
+    }
     const char *kn = c->opname;
     int k = op->kind;
     if (k < RX_COMM_ALL_REDUCE || k > RX_COMM_BARRIER)
@@ -827,11 +871,19 @@ static int s_create (const struct rx_host *host, const struct rx_comm_params *p,
     if (!c) return rx_err_set (err, RX_ENOMEM, "comm-shm %s: out of memory", g);
     memset (c, 0, sizeof *c);
     c->host = host;
+    c->kops = p->kops;
+    c->kbe = p->kbe;
     memcpy (c->group, g, gl + 1);
     snprintf (c->name, sizeof c->name, "/radix-%s", g);
     c->rank = p->rank;
     c->n = p->n_rank;
     c->timeout_s = p->timeout_s;
+    /* RADIX_TEST_COMM_HANG=<rank>:<op> (fault-injection tests only, see
+     * docs/reliability.md): rank <rank> hangs at its <op>-th operation. */
+    const char *hang = getenv ("RADIX_TEST_COMM_HANG");
+    int hr = -1;
+    unsigned long long hop = 0;
+    if (hang && sscanf (hang, "%d:%llu", &hr, &hop) == 2 && hr == p->rank) c->hang_op = hop;
     c->buf_size = (size_t) bs & ~(size_t) 63;
     c->fd = -1;
     c->opname = "create";

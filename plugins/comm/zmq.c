@@ -50,6 +50,8 @@
 
 struct zc {
     const struct rx_host *host;
+    const struct rx_kernels_ops *kops;   /* owner of the op buffers; NULL: host memory */
+    void *kbe;
     rx_zgroup_t *g;
     int rank, n;
     char group[72];
@@ -320,6 +322,73 @@ static int s_broadcast (struct zc *c, const struct rx_comm_op *op, size_t elt, c
     return RX_OK;
 }
 
+/* One collective on host buffers. */
+static int s_exec (struct zc *c, const struct rx_comm_op *op, size_t elt, const char *what,
+                   struct rx_err *err)
+{
+    switch (op->kind) {
+    case RX_COMM_ALL_TO_ALL_V: return s_all_to_all_v (c, op, elt, what, err);
+    case RX_COMM_ALL_REDUCE: return s_reduce (c, op, elt, 0, what, err);
+    case RX_COMM_REDUCE_SCATTER: return s_reduce (c, op, elt, 1, what, err);
+    case RX_COMM_ALL_GATHER: return s_all_gather (c, op, elt, what, err);
+    default: return s_broadcast (c, op, elt, what, err);
+    }
+}
+
+/* The op's buffers are device memory of the kernel backend (radix/comm.h):
+ * copy them to host staging buffers (the receive buffer too: an op may
+ * leave parts of it alone -- all_to_all_v gaps, the broadcast root), run
+ * the collective there and copy the receive buffer back.  Without a
+ * backend (tests on plain memory) the op runs on the buffers directly. */
+static int s_staged (struct zc *c, const struct rx_comm_op *op, size_t elt, const char *what,
+                     struct rx_err *err)
+{
+    if (!c->kops) return s_exec (c, op, elt, what, err);
+    size_t sb = 0, rb = 0, n = (size_t) c->n;
+    switch (op->kind) {
+    case RX_COMM_ALL_REDUCE: sb = rb = op->count * elt; break;
+    case RX_COMM_REDUCE_SCATTER: sb = n * op->count * elt; rb = op->count * elt; break;
+    case RX_COMM_ALL_GATHER: sb = op->count * elt; rb = n * op->count * elt; break;
+    case RX_COMM_BROADCAST: rb = op->count * elt; break;
+    default:
+        for (size_t p = 0; p < n; p++) {
+            size_t se = (op->send_displs[p] + op->send_counts[p]) * elt;
+            size_t re = (op->recv_displs[p] + op->recv_counts[p]) * elt;
+            if (op->send_counts[p] && se > sb) sb = se;
+            if (op->recv_counts[p] && re > rb) rb = re;
+        }
+    }
+    unsigned char *hs = sb ? c->host->alloc (c->host, sb, 64) : NULL;
+    unsigned char *hr = rb ? c->host->alloc (c->host, rb, 64) : NULL;
+    int rc = RX_OK;
+    struct rx_err e = { 0 };
+    if ((sb && !hs) || (rb && !hr)) {
+        rc = s_break (c, err, RX_ENOMEM, "%s: out of memory staging %zu bytes on the host", what,
+                      sb + rb);
+        goto done;
+    }
+    if (sb) rc = c->kops->copy_d2h (c->kbe, op->stream, hs, op->send, sb, &e);
+    if (rc == RX_OK && rb) rc = c->kops->copy_d2h (c->kbe, op->stream, hr, op->recv, rb, &e);
+    if (rc == RX_OK) rc = c->kops->synchronize (c->kbe, op->stream, &e);
+    if (rc != RX_OK) {
+        rc = s_break (c, err, rc, "%s: copy to the host: %s", what, e.msg);
+        goto done;
+    }
+    struct rx_comm_op h = *op;
+    h.send = hs;
+    h.recv = hr;
+    if ((rc = s_exec (c, &h, elt, what, err)) != RX_OK) goto done;
+    if (rb) {
+        rc = c->kops->copy_h2d (c->kbe, op->stream, op->recv, hr, rb, &e);
+        if (rc == RX_OK) rc = c->kops->synchronize (c->kbe, op->stream, &e);
+        if (rc != RX_OK) rc = s_break (c, err, rc, "%s: copy to the device: %s", what, e.msg);
+    }
+done:
+    if (hs) c->host->free_ (c->host, hs);
+    if (hr) c->host->free_ (c->host, hr);
+    return rc;
+}
+
 /* Validate op (a bad argument breaks the group: the peers would otherwise
  * wait for this rank until the timeout) and run it. */
 static int s_run (struct zc *c, const struct rx_comm_op *op, struct rx_err *err)
@@ -361,22 +430,16 @@ static int s_run (struct zc *c, const struct rx_comm_op *op, struct rx_err *err)
                 || op->recv_displs[p] > lim)
                 return s_break (c, err, RX_EINVAL, "%s: count or displacement too large", what);
         }
-        return s_all_to_all_v (c, op, elt, what, err);
+        return s_staged (c, op, elt, what, err);
     }
     if (op->count > lim)
         return s_break (c, err, RX_EINVAL, "%s: count %zu too large", what, op->count);
     if (op->count && (!op->recv || (k != RX_COMM_BROADCAST && !op->send)))
         return s_break (c, err, RX_EINVAL, "%s: NULL buffer with count %zu", what, op->count);
-    switch (k) {
-    case RX_COMM_ALL_REDUCE: return s_reduce (c, op, elt, 0, what, err);
-    case RX_COMM_REDUCE_SCATTER: return s_reduce (c, op, elt, 1, what, err);
-    case RX_COMM_ALL_GATHER: return s_all_gather (c, op, elt, what, err);
-    default:
-        if (op->root < 0 || op->root >= c->n)
-            return s_break (c, err, RX_EINVAL, "%s: root %d is out of range (0..%d)", what, op->root,
-                            c->n - 1);
-        return s_broadcast (c, op, elt, what, err);
-    }
+    if (k == RX_COMM_BROADCAST && (op->root < 0 || op->root >= c->n))
+        return s_break (c, err, RX_EINVAL, "%s: root %d is out of range (0..%d)", what, op->root,
+                        c->n - 1);
+    return s_staged (c, op, elt, what, err);
 }
 
 /* ---- create / destroy ------------------------------------------------------ */
@@ -409,6 +472,8 @@ static int s_create (const struct rx_host *host, const struct rx_comm_params *p,
     if (!c) return rx_err_set (err, RX_ENOMEM, "comm-zmq %.64s: out of memory", g);
     memset (c, 0, sizeof *c);
     c->host = host;
+    c->kops = p->kops;
+    c->kbe = p->kbe;
     c->rank = p->rank;
     c->n = p->n_rank;
     snprintf (c->group, sizeof c->group, "%.64s", g);

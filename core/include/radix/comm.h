@@ -12,7 +12,9 @@
  * hosts, over ZMQ sockets).
  *
  * Buffers are device memory of the kernel backend given at create (plain
- * host memory on kernels-cpu).  Every rank of the group must call the same
+ * host memory on kernels-cpu, but a plugin must not rely on it: host-side
+ * plugins -- shm, zmq -- move them with the backend's copy ops and
+ * synchronize; kernels-cpu's guard mode makes a direct access crash).  Every rank of the group must call the same
  * collectives in the same order with the same counts and types -- the peer
  * schedulers guarantee it by scheduling identically.  Results are bitwise
  * identical on every rank (a reduction adds in one fixed order whatever the

@@ -11,7 +11,9 @@
  *     alloc() of the same backend instance (or lies inside such a buffer).
  *     The core never dereferences a device pointer; it moves data with the
  *     copy ops.  Backends with RX_KCAP_HOST_VISIBLE (the CPU) hand out plain
- *     host memory, which lets tests look inside, but code must not rely on it.
+ *     host memory, which lets tests look inside, but code must not rely on it
+ *     ([kernels.cpu] guard_device_memory = true makes every host access to
+ *     it outside an op crash, for tests: docs/gpu.md).
  *   - Index arrays (token ids, slots, positions, sequence offsets) are device
  *     buffers too (int32).  Counts the backend needs to size a launch (rows,
  *     n_seq, n_tokens) are host integers passed by value.
@@ -65,8 +67,27 @@ typedef struct rx_kweight rx_kweight_t;   /* opaque weight handle */
 struct rx_kernels_params {
     uint32_t struct_size;    /* sizeof (struct rx_kernels_params) */
     int32_t  threads;        /* worker threads; 0 = one per core ([kernels] threads) */
-    int32_t  device;         /* device index (GPU ordinal); 0 for the CPU */
+    int32_t  device;         /* device index (GPU ordinal) >= 0 ([kernels] device), or
+                              * RX_KDEVICE_AUTO: rank modulo the device count (see
+                              * rx_kernels_pick_device); 0 or auto for the CPU */
+    /* -- appended -- */
+    int32_t  rank;           /* this scheduler's index among the ranks of its host
+                              * (dp_rank * tp_size + tp_rank); used by device = auto */
 };
+
+/* rx_kernels_params.device: pick by rank (SGLang: gpu_id = base_gpu_id + rank). */
+#define RX_KDEVICE_AUTO (-1)
+
+/* The device index create() should use with n_devices devices: p->device
+ * when >= 0 (the backend checks it exists), else rank % n_devices (0 when
+ * the caller predates the rank member).  p NULL: 0. */
+static inline int32_t rx_kernels_pick_device (const struct rx_kernels_params *p, int32_t n_devices)
+{
+    if (!p || p->device >= 0) return p ? p->device : 0;
+    int32_t rank = p->struct_size >= sizeof (struct rx_kernels_params) ? p->rank : 0;
+    if (n_devices < 1 || rank < 0) return 0;
+    return rank % n_devices;
+}
 
 /* Capability bits of rx_kernels_info.caps (append only). */
 #define RX_KCAP_GRAPHS       (1u << 0)  /* begin_capture/launch really capture */
@@ -82,6 +103,13 @@ struct rx_kernels_info {
     uint64_t    caps;            /* RX_KCAP_* */
     int32_t     threads;         /* worker threads in use (CPU) */
     int32_t     reserved_;
+    /* -- appended (filled when struct_size covers them) -- */
+    uint64_t    mem_free;        /* device memory free now (CUDA: cudaMemGetInfo; CPU:
+                                  * MemAvailable); 0 = unknown.  The engine sizes a
+                                  * fractional [cache] kv_memory from it after the
+                                  * weights are loaded (device backends) */
+    int32_t     n_devices;       /* devices of this kind on the host (CPU: 1) */
+    int32_t     device_index;    /* the device this instance runs on */
 };
 
 /* A host view of a GGUF tensor for weight_load().  data stays valid until
