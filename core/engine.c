@@ -604,9 +604,8 @@ rx_engine_t *rx_engine_new (struct rx_boot *b, const struct rx_engine_opts *o, s
     e->n_slots = o && o->n_slots > 0 ? o->n_slots : (ctx < 4096 ? ctx : 4096);
     struct rx_engine_opts kvo = { 0 };
     if (o) kvo = *o;
-    double share;
-    if (o && o->kv_bytes && !(ki.caps & RX_KCAP_HOST_VISIBLE)
-        && rx_engine_kv_share (rx_conf_str (b->conf, "cache", "kv_memory", "0.8"), &share)) {
+    double share = o ? o->kv_share : 0;
+    if (o && o->kv_bytes && share > 0 && share <= 1 && !(ki.caps & RX_KCAP_HOST_VISIBLE)) {
         /* A device backend: the share is of the device's free memory now
          * that the weights are on it, not of the host's MemAvailable (which
          * the caller measured). */

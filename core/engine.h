@@ -71,6 +71,12 @@ struct rx_engine_opts {
                                  * it picks the device of [kernels] device = auto */
     int32_t     local_ranks;    /* scheduler ranks on this host, which split a
                                  * fractional [cache] kv_memory; 0: 1 */
+    double      kv_share;       /* > 0: [cache] kv_memory is this share of free memory
+                                 * (rx_engine_kv_share) and kv_bytes the caller's host-
+                                 * based figure; on a device backend (not
+                                 * RX_KCAP_HOST_VISIBLE) the engine replaces kv_bytes by
+                                 * rx_engine_kv_device_bytes of the device's free memory
+                                 * after the weights are loaded.  0: kv_bytes as given */
 };
 
 /* The smallest KV pool kv_bytes may give (tokens). */

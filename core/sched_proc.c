@@ -487,6 +487,8 @@ static int s_start (struct s_proc *p, const struct rx_sched_proc_opts *o)
     eo.comm_timeout_s = p->o.comm_timeout_s;
     eo.dp_rank = p->o.dp_attention ? 0 : p->o.dp_rank;   /* [kernels] device = auto */
     eo.local_ranks = local;                              /* a kv_memory share on a device */
+    if (!rx_engine_kv_share (rx_conf_str (p->boot->conf, "cache", "kv_memory", "0.8"), &eo.kv_share))
+        eo.kv_share = 0;
     if (!(p->engine = rx_engine_new (p->boot, &eo, &err))
         || !(p->sched = rx_sched_new (p->boot, p->engine, NULL, &err))) {
         rx_log (RX_LOG_ERROR, "%s", err.msg);

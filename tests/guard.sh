@@ -3,7 +3,8 @@
 # kernels-cpu's guard mode on (RADIX_KCPU_GUARD=1: every alloc()ed buffer and
 # plain weight is PROT_NONE outside kernel ops), so any host dereference of
 # device memory in the models, attention backends, MoE dispatchers, comm
-# plugins or the engine crashes here as it would break on a GPU.  Prints TAP;
+# plugins or the engine crashes here as it would break on a GPU, and a host
+# pointer handed to an op or a copy's wrong side fails with RX_EINVAL.  TAP;
 # a failure shows the guard's "host access to device memory" backtrace.
 # Forked ranks inherit the variable.  The slowest model tests are left out
 # (they repeat what the others cover); about 40 s on 2 shared cores.
@@ -19,6 +20,7 @@ test_deepseek2|*/*
 test_moe|*/*
 test_moe_ep|*/*
 test_expert_record|*/*
+test_procs|*/*
 test_tp|tp/@(tiny_llama_q8|tiny_deepseek2_tp3_uneven|dp_attention_three_ranks_q8|dp_attention_moe_ep_normal|dp_attention_moe_ep_low_latency)
 test_tbo|@(dispatcher/*|engine/@(alone_local_on_equals_off|dp_ep_normal_on_equals_off|dp_ep_low_latency_on_equals_off))'
 

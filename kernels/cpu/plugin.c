@@ -308,14 +308,29 @@ static void s_free (void *be, void *dptr)
     free (b->raw);
 }
 
-static int s_copy (void *be, rx_kstream_t *s, void *dst, const void *src, size_t bytes,
-                   struct rx_err *err, const char *what)
+/* Guard mode: is p on the side of a copy it should be (dev: device memory
+ * of this instance; else host memory)?  On a GPU the wrong side faults or
+ * copies garbage. */
+static int s_side (const struct rx_kcpu *k, const void *p, int dev, const char *what,
+                   const char *arg, struct rx_err *err)
 {
+    if (!k->guard || rx_kguard_contains (k->guard, p) == dev) return RX_OK;
+    return rx_err_set (err, RX_EINVAL, "kernels-cpu %s: %s %p is %s (guard mode)", what, arg, p,
+                       dev ? "not device memory of this backend" : "device memory: use copy_d2d");
+}
+
+static int s_copy (void *be, rx_kstream_t *s, void *dst, const void *src, size_t bytes,
+                   struct rx_err *err, const char *what, int dst_dev, int src_dev)
+{
+    const struct rx_kcpu *k = be;
     if (!be) return rx_err_set (err, RX_EINVAL, "kernels-cpu %s: no backend", what);
     if (s && s->magic != S_STREAM_MAGIC)
         return rx_err_set (err, RX_EINVAL, "kernels-cpu %s: bad stream", what);
     if (bytes == 0) return RX_OK;
     if (!dst || !src) return rx_err_set (err, RX_EINVAL, "kernels-cpu %s: NULL pointer", what);
+    int rc = s_side (k, dst, dst_dev, what, "dst", err);
+    if (rc == RX_OK) rc = s_side (k, src, src_dev, what, "src", err);
+    if (rc != RX_OK) return rc;
     memmove (dst, src, bytes);
     return RX_OK;
 }
@@ -323,19 +338,19 @@ static int s_copy (void *be, rx_kstream_t *s, void *dst, const void *src, size_t
 static int s_copy_h2d (void *be, rx_kstream_t *s, void *dst, const void *src, size_t bytes,
                        struct rx_err *err)
 {
-    return s_copy (be, s, dst, src, bytes, err, "copy_h2d");
+    return s_copy (be, s, dst, src, bytes, err, "copy_h2d", 1, 0);
 }
 
 static int s_copy_d2h (void *be, rx_kstream_t *s, void *dst, const void *src, size_t bytes,
                        struct rx_err *err)
 {
-    return s_copy (be, s, dst, src, bytes, err, "copy_d2h");
+    return s_copy (be, s, dst, src, bytes, err, "copy_d2h", 0, 1);
 }
 
 static int s_copy_d2d (void *be, rx_kstream_t *s, void *dst, const void *src, size_t bytes,
                        struct rx_err *err)
 {
-    return s_copy (be, s, dst, src, bytes, err, "copy_d2d");
+    return s_copy (be, s, dst, src, bytes, err, "copy_d2d", 1, 1);
 }
 
 static int s_memset (void *be, rx_kstream_t *s, void *dst, int byte, size_t bytes,
@@ -346,6 +361,8 @@ static int s_memset (void *be, rx_kstream_t *s, void *dst, int byte, size_t byte
         return rx_err_set (err, RX_EINVAL, "kernels-cpu memset: bad stream");
     if (bytes == 0) return RX_OK;
     if (!dst) return rx_err_set (err, RX_EINVAL, "kernels-cpu memset: NULL pointer");
+    int rc = s_side (be, dst, 1, "memset", "dst", err);
+    if (rc != RX_OK) return rc;
     memset (dst, byte, bytes);
     return RX_OK;
 }
@@ -566,9 +583,17 @@ static int s_weight_data (void *be, const rx_kweight_t *w, const void **dptr,
 #define S_NEED(cond, ...)                                                            \
     do { if (!(cond)) return rx_err_set (err, RX_EINVAL, __VA_ARGS__); } while (0)
 
+/* Guard mode: a buffer of an op must be device memory of this instance (a
+ * host pointer handed to an op works on the CPU and faults on a GPU). */
+#define S_DEV(ptr)                                                                   \
+    S_NEED (!k->guard || !(ptr) || rx_kguard_contains (k->guard, (ptr)),             \
+            "kernels-cpu %s: %s = %p is not device memory of this backend (guard mode: "  \
+            "a host pointer passed to an op)", s_op, #ptr, (const void *) (ptr))
+
 /* A rows x dim view with leading dimension ld (ld 0 allowed when bcast). */
 #define S_VIEW(ptr, ld, rows, dim, bcast)                                            \
     S_NEED ((ptr) != NULL || (rows) == 0, "kernels-cpu %s: %s is NULL", s_op, #ptr); \
+    S_DEV (ptr);                                                                     \
     S_NEED ((ld) >= (dim) || ((bcast) && (ld) == 0) || (rows) <= 1,                  \
             "kernels-cpu %s: %s = %zu is smaller than dim %zu", s_op, #ld, (size_t) (ld), \
             (size_t) (dim))
@@ -579,6 +604,7 @@ static int s_get_rows (void *be, rx_kstream_t *s, const rx_kweight_t *w, const i
     S_BEGIN ("get_rows");
     S_NEED (s_weight_ok (w), "kernels-cpu get_rows: bad weight handle");
     S_NEED (n == 0 || ids, "kernels-cpu get_rows: ids is NULL");
+    S_DEV (ids);
     S_VIEW (out, ldo, n, (size_t) w->ne[0], 0);
     uint64_t rows = w->ne[1] * w->ne[2] * w->ne[3];
     for (size_t i = 0; i < n; i++)
@@ -598,6 +624,7 @@ static int s_rms_norm (void *be, rx_kstream_t *s, const float *x, size_t ldx, co
     S_VIEW (x, ldx, rows, dim, 0);
     S_VIEW (y, ldy, rows, dim, 0);
     S_NEED (eps >= 0.f, "kernels-cpu rms_norm: eps %g < 0", (double) eps);
+    S_DEV (w);
     rx_kcpu_rms_norm (k, x, ldx, w, y, ldy, rows, dim, eps);
     return RX_OK;
 }
@@ -623,6 +650,9 @@ static int s_rope (void *be, rx_kstream_t *s, float *x, size_t ldx, size_t n_tok
     S_NEED (rp.freq_base > 0.f && rp.freq_scale > 0.f,
             "kernels-cpu rope: freq_base and freq_scale must be > 0");
     S_NEED (n_tok == 0 || (x && pos), "kernels-cpu rope: NULL pointer");
+    S_DEV (x);
+    S_DEV (pos);
+    S_DEV (rp.freq_factors);
     rx_kcpu_rope (k, x, ldx, n_tok, n_head, ld_head, pos, &rp);
     return RX_OK;
 }
@@ -736,6 +766,7 @@ static int s_argmax (void *be, rx_kstream_t *s, const float *x, size_t ldx, size
     S_NEED (dim > 0 && dim <= INT32_MAX, "kernels-cpu argmax: dim %zu (1..2^31-1)", dim);
     S_VIEW (x, ldx, rows, dim, 0);
     S_NEED (rows == 0 || out, "kernels-cpu argmax: out is NULL");
+    S_DEV (out);
     rx_kcpu_argmax (k, x, ldx, rows, dim, out);
     return RX_OK;
 }
@@ -748,6 +779,8 @@ static int s_topk (void *be, rx_kstream_t *s, const float *x, size_t ldx, size_t
     S_NEED (kk >= 1 && kk <= dim, "kernels-cpu topk: k = %zu outside 1..%zu", kk, dim);
     S_VIEW (x, ldx, rows, dim, 0);
     S_NEED (rows == 0 || idx, "kernels-cpu topk: idx is NULL");
+    S_DEV (idx);
+    S_DEV (vals);
     rx_kcpu_topk (k, x, ldx, rows, dim, kk, vals, idx);
     return RX_OK;
 }
@@ -779,6 +812,9 @@ static int s_kv_store (void *be, rx_kstream_t *s, const struct rx_kv_pool *pool,
     S_VIEW (kx, ldk, n_tok, nk, 0);
     S_VIEW (vx, ldv, n_tok, nv, 0);
     S_NEED (n_tok == 0 || slots, "kernels-cpu kv_store: slots is NULL");
+    S_DEV (slots);
+    S_DEV (pool->k);
+    S_DEV (pool->v);
     for (size_t t = 0; t < n_tok; t++)
         S_NEED (slots[t] >= 0 && (uint64_t) slots[t] < pool->n_slots,
                 "kernels-cpu kv_store: slot %d for token %zu is outside the pool (%llu slots)",
@@ -808,6 +844,12 @@ static int s_attention (void *be, rx_kstream_t *s, const float *q, size_t ldq,
     if (b->n_tokens == 0) return RX_OK;
     S_NEED (b->n_seq > 0 && b->q_start && b->kv_start && b->slots && b->q_pos,
             "kernels-cpu attention: batch arrays missing");
+    S_DEV (b->q_start);
+    S_DEV (b->kv_start);
+    S_DEV (b->slots);
+    S_DEV (b->q_pos);
+    S_DEV (pool->k);
+    S_DEV (pool->v);
     size_t qd = (size_t) p->n_head * (size_t) pool->hd_k;
     size_t od = (size_t) p->n_head * (size_t) pool->hd_v;
     S_VIEW (q, ldq, (size_t) b->n_tokens, qd, 0);

@@ -3,7 +3,8 @@
  *
  *   - kernels/cpu/guard.c (compiled in here) and kernels-cpu's
  *     guard_device_memory mode: device memory is PROT_NONE outside kernel
- *     ops, so a host dereference crashes (and says so on stderr);
+ *     ops, so a host dereference crashes (and says so on stderr), and a
+ *     host pointer given to an op or a copy's wrong side is RX_EINVAL;
  *   - per-rank device selection: [kernels] device, rx_kernels_pick_device
  *     and the value the engine hands to create() for ranks 0..3;
  *   - KV sizing from a device's free memory (rx_engine_kv_share,
@@ -239,6 +240,44 @@ Test (kguard, ops_and_copies_work_guarded)
     free (hx);
     free (hw);
     free (hy);
+}
+
+/* The other direction: a host pointer handed to an op or on the wrong side
+ * of a copy is one clear RX_EINVAL line in guard mode (works unguarded). */
+Test (kguard, host_pointers_to_ops_are_refused)
+{
+    void *be = s_create ("guard_device_memory = true\n");
+    struct rx_err err = { 0 };
+    float host[64] = { 0 }, back[64];
+    int32_t hid[4] = { 0, 1, 2, 3 };
+    float *d;
+    int32_t *did;
+    cr_assert_eq (K->alloc (be, sizeof host, 0, (void **) &d, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (K->alloc (be, sizeof hid, 0, (void **) &did, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (K->scale (be, NULL, host, 64, d, 64, 1, 64, 2.f, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "scale") && strstr (err.msg, "not device memory"), "%s", err.msg);
+    cr_assert_eq (K->add (be, NULL, d, 64, d, 64, host, 64, 1, 64, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "add") && strstr (err.msg, "y = "), "%s", err.msg);
+    cr_assert_eq (K->argmax (be, NULL, d, 64, 4, 16, hid, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "out = "), "%s", err.msg);
+    cr_assert_eq (K->copy_h2d (be, NULL, host, back, sizeof host, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "copy_h2d: dst") && strstr (err.msg, "not device memory"), "%s", err.msg);
+    cr_assert_eq (K->copy_d2h (be, NULL, back, host, sizeof host, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "copy_d2h: src"), "%s", err.msg);
+    cr_assert_eq (K->copy_h2d (be, NULL, d, d, 4, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "use copy_d2d"), "%s", err.msg);
+    cr_assert_eq (K->copy_d2h (be, NULL, d, d, 4, &err), RX_EINVAL);
+    cr_assert_eq (K->copy_d2d (be, NULL, d, host, 4, &err), RX_EINVAL);
+    cr_assert_eq (K->memset_ (be, NULL, host, 0, 4, &err), RX_EINVAL);
+    /* The right sides work. */
+    cr_assert_eq (K->copy_h2d (be, NULL, did, hid, sizeof hid, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (K->copy_d2d (be, NULL, d, d + 32, 16, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (K->argmax (be, NULL, d, 64, 1, 16, did, &err), RX_OK, "%s", err.msg);
+    K->destroy (be);
+    /* Unguarded the same host pointers are accepted (host-visible). */
+    be = s_create (NULL);
+    cr_assert_eq (K->scale (be, NULL, host, 64, host, 64, 1, 64, 2.f, &err), RX_OK, "%s", err.msg);
+    K->destroy (be);
 }
 
 Test (kguard, host_read_of_alloc_faults, .signal = SIGSEGV)
@@ -529,9 +568,9 @@ static uint64_t s_mem_available (void)
     return (uint64_t) kb * 1024;
 }
 
-/* n_slots of tiny-llama with kv_bytes from the caller and kv_memory in the
- * ini; *bpt: its KV bytes per token. */
-static int64_t s_engine_slots (const char *ini, uint64_t kv_bytes, uint64_t *bpt)
+/* n_slots of tiny-llama with kv_bytes and kv_share from the caller (as
+ * the scheduler passes them); *bpt: its KV bytes per token. */
+static int64_t s_engine_slots (const char *ini, uint64_t kv_bytes, double share, uint64_t *bpt)
 {
     TU_REQUIRE_SHARED ();
     setenv ("RADIX_PLUGIN_PATH", tu_env ("RX_PLUGIN_BUILD_DIR"), 1);
@@ -542,7 +581,8 @@ static int64_t s_engine_slots (const char *ini, uint64_t kv_bytes, uint64_t *bpt
     struct rx_err err = { 0 };
     cr_assert_eq (rx_boot_open (&b, ipath, 0, &err), RX_OK, "%s", err.msg);
     char *model = tu_path (tu_env ("RADIX_SHARED"), "data/models/tiny-llama.gguf");
-    struct rx_engine_opts o = { .model_path = model, .kv_bytes = kv_bytes, .local_ranks = 1 };
+    struct rx_engine_opts o = { .model_path = model, .kv_bytes = kv_bytes, .local_ranks = 1,
+                                .kv_share = share };
     rx_engine_t *e = rx_engine_new (&b, &o, &err);
     cr_assert_not_null (e, "%s", err.msg);
     int64_t n = rx_engine_n_slots (e);
@@ -565,12 +605,11 @@ Test (kvsize, engine_sizes_from_device_free_memory)
 {
     const uint64_t caller = 1ull << 20;   /* what the scheduler computed */
     uint64_t bpt;
-    int64_t host = s_engine_slots ("[kernels]\nthreads = 1\n[cache]\nkv_memory = 0.01%\n",
-                                   caller, &bpt);
+    int64_t host = s_engine_slots ("[kernels]\nthreads = 1\n", caller, 1e-4, &bpt);
     cr_assert_eq (host, (int64_t) (caller / bpt), "host-visible: the caller's kv_bytes");
     uint64_t m0 = s_mem_available ();
-    int64_t dev = s_engine_slots ("[kernels]\nthreads = 1\n[kernels.cpu]\nguard_device_memory = true\n"
-                                  "[cache]\nkv_memory = 0.01%\n", caller, &bpt);
+    int64_t dev = s_engine_slots ("[kernels]\nthreads = 1\n[kernels.cpu]\nguard_device_memory = true\n",
+                                  caller, 1e-4, &bpt);
     uint64_t m1 = s_mem_available ();
     double lo = (double) (m0 < m1 ? m0 : m1) * 1e-4 / (double) bpt * 0.8;
     double hi = (double) (m0 > m1 ? m0 : m1) * 1e-4 / (double) bpt * 1.2;
@@ -578,9 +617,9 @@ Test (kvsize, engine_sizes_from_device_free_memory)
                "device path: %lld slots, want 0.01%% of free memory / %llu B: %.0f..%.0f",
                (long long) dev, (unsigned long long) bpt, lo, hi);
     cr_assert_neq (dev, host);
-    /* A size (not a share) is used as given, device or not. */
-    int64_t sized = s_engine_slots ("[kernels]\nthreads = 1\n[kernels.cpu]\nguard_device_memory = true\n"
-                                    "[cache]\nkv_memory = 1MiB\n", caller, &bpt);
+    /* A size (no share) is used as given, device or not. */
+    int64_t sized = s_engine_slots ("[kernels]\nthreads = 1\n[kernels.cpu]\nguard_device_memory = true\n",
+                                    caller, 0, &bpt);
     cr_assert_eq (sized, (int64_t) (caller / bpt));
 }
 

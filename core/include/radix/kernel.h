@@ -39,7 +39,11 @@
  * Thread-safety: create/destroy and the plugin's init are called from one
  * thread.  One backend instance is driven by one thread at a time (the
  * model runner of one scheduler rank); the backend may use its own worker
- * threads inside an op.  Different instances are independent.
+ * threads inside an op.  One exception: a host-side comm plugin (comm-shm's
+ * progress thread) calls copy_h2d/copy_d2h/synchronize of the instance
+ * while the driving thread issues other ops, so those three must allow
+ * that (kernels-cpu: memmove; CUDA: async copies on the op's stream).
+ * Different instances are independent.
  *
  * Errors: every int-returning function returns RX_OK or a negative
  * enum rx_status and fills *err (may be NULL) with one line naming the op and
