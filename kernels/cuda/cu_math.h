@@ -23,6 +23,20 @@
 #  define RX_CU_HD
 #endif
 
+/* Multiply and add rounded separately, as the CPU backend (compiled for
+ * baseline x86-64, no FMA) does: nvcc otherwise contracts a * b + c into
+ * one fma, which rounds once and can differ from the CPU by an ulp of a
+ * large RoPE angle, or flip a quantized activation across a rounding tie. */
+#ifdef __CUDA_ARCH__
+#  define RX_CU_MUL(a, b) __fmul_rn ((a), (b))
+#  define RX_CU_ADD(a, b) __fadd_rn ((a), (b))
+#  define RX_CU_SUB(a, b) __fsub_rn ((a), (b))
+#else
+#  define RX_CU_MUL(a, b) ((a) * (b))
+#  define RX_CU_ADD(a, b) ((a) + (b))
+#  define RX_CU_SUB(a, b) ((a) - (b))
+#endif
+
 /* enum rx_dtype values (radix/dtype.h; ABI, never renumbered) repeated here
  * so this header stands alone under nvcc. */
 enum {
@@ -56,6 +70,34 @@ RX_CU_HD static inline float rx_cu_h2f (uint16_t h)
 RX_CU_HD static inline float rx_cu_bf2f (uint16_t h)
 {
     return rx_cu_bits_f32 ((uint32_t) h << 16);
+}
+
+RX_CU_HD static inline uint32_t rx_cu_f32_bits (float f)
+{
+    union { uint32_t u; float f; } c;
+    c.f = f;
+    return c.u;
+}
+
+/* float -> IEEE half bits, round to nearest even: core/quant.c's
+ * rx_fp32_to_fp16, bit for bit (the activation quantizers round their
+ * scale through fp16 with it). */
+RX_CU_HD static inline uint16_t rx_cu_f2h (float f)
+{
+    const uint32_t u = rx_cu_f32_bits (f);
+    const uint16_t sign = (uint16_t) ((u >> 16) & 0x8000u);
+    const uint32_t a = u & 0x7fffffffu;
+    if (a >= 0x7f800000u) return (uint16_t) (sign | (a > 0x7f800000u ? 0x7e00u : 0x7c00u));
+    if (a >= 0x477ff000u) return (uint16_t) (sign | 0x7c00u);
+    if (a < 0x38800000u) {
+        /* subnormal: adding 0.5 lets the FPU round the 2^-24 units */
+        const float t = RX_CU_ADD (rx_cu_bits_f32 (a), 0.5f);
+        return (uint16_t) (sign | (uint16_t) (rx_cu_f32_bits (t) - 0x3f000000u));
+    }
+    uint32_t h = (a >> 13) - (112u << 10);
+    const uint32_t rem = a & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) h++;
+    return (uint16_t) (sign | h);
 }
 
 /* Little-endian 16-bit load from a byte pointer (GGML blocks are packed:
@@ -206,6 +248,105 @@ RX_CU_HD static inline void rx_cu_deq32 (int dtype, const uint8_t *row, size_t c
     }
 }
 
+/* float -> bfloat16 bits, round to nearest even, NaN kept quiet: core/quant.c's
+ * rx_fp32_to_bf16. */
+RX_CU_HD static inline uint16_t rx_cu_f2bf (float f)
+{
+    const uint32_t u = rx_cu_f32_bits (f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t) ((u >> 16) | 64);
+    return (uint16_t) ((u + (0x7fffu + ((u >> 16) & 1))) >> 16);
+}
+
+/* Split v into `parts` half-precision values (F16 bits, or BF16 bits when
+ * bf16) such that sum_p decode(out[p]) * scale^-p ~= v: part p rounds the
+ * residual left by the parts before it, times scale^p (v - round(v) is
+ * exact in F32; a power-of-two scale keeps it exact and, for F16, out of
+ * the subnormals).  The CUDA GEMM path runs one half-precision GEMM per
+ * part, so F32 activations keep ~11 (F16) / 8 (BF16) bits per part. */
+RX_CU_HD static inline void rx_cu_split_half (float v, int bf16, int parts, float scale,
+                                              uint16_t *out)
+{
+    for (int p = 0; p < parts; p++) {
+        const uint16_t h = bf16 ? rx_cu_f2bf (v) : rx_cu_f2h (v);
+        out[p] = h;
+        v = RX_CU_MUL (RX_CU_SUB (v, bf16 ? rx_cu_bf2f (h) : rx_cu_h2f (h)), scale);
+    }
+}
+
+/* ------------------------------------------- activation quantization -- */
+
+/* kernels-cpu (like GGML) quantizes the activations before the dot
+ * products with a quantized weight, and the reference logits carry that
+ * rounding.  The CUDA backend reproduces it by quantizing-then-
+ * dequantizing each activation block in F32 and running its float matmul
+ * on the result: the dot products then see the same activation values as
+ * the CPU's integer dots (q * d is exact in F32 for both formats below
+ * except Q8_K's, whose float d times a 7-bit q rounds once, as the CPU's
+ * d * isum does).
+ *
+ * The activation block for a weight dtype: 32 (kernels-cpu's rx_q8a, for
+ * Q8_0/Q4_0/Q4_1), 256 (Q8_K, for the K-quants), 0 (float weights: the
+ * CPU keeps F32 activations). */
+RX_CU_HD static inline int rx_cu_act_qblk (int dtype)
+{
+    switch (dtype) {
+    case RX_CU_Q8_0: case RX_CU_Q4_0: case RX_CU_Q4_1: return 32;
+    case RX_CU_Q4_K: case RX_CU_Q5_K: case RX_CU_Q6_K: return 256;
+    default: return 0;
+    }
+}
+
+/* Round to nearest, ties to even, for |v| < 2^22: GGML's nearest_int
+ * (v + 1.5 * 2^23, low mantissa bits), which kernels-cpu and core/quant.c
+ * use.  rintf would do the same; this form is the same on every libm. */
+RX_CU_HD static inline int rx_cu_nearest_int (float v)
+{
+    const float t = RX_CU_ADD (v, 12582912.f);
+    return (int) (rx_cu_f32_bits (t) & 0x007fffffu) - 0x00400000;
+}
+
+/* 32 activations -> the values kernels-cpu's rx_kisa_q8a_quant
+ * (kernels/cpu/kern_scalar.c, GGML's x86 quantize_row_q8_0) makes of them:
+ * d = fp16(amax / 127), q = nearest_int(x * (127 / amax)) with the
+ * unrounded inverse, out = q * d.  out may alias x. */
+RX_CU_HD static inline void rx_cu_q8a_qdq32 (const float *x, float *out)
+{
+    float amax = 0.f;
+    for (int j = 0; j < 32; j++) {
+        const float a = fabsf (x[j]);
+        amax = a > amax ? a : amax;
+    }
+    const float id = amax != 0.f ? 127.f / amax : 0.f;
+    const float d = rx_cu_h2f (rx_cu_f2h (amax / 127.f));
+    for (int j = 0; j < 32; j++)
+        out[j] = RX_CU_MUL ((float) rx_cu_nearest_int (RX_CU_MUL (x[j], id)), d);
+}
+
+/* 256 activations -> core/quant.c's Q8_K (quantize then dequantize):
+ * iscale = -127 / (the element of largest magnitude), q = min(127,
+ * nearest_int(iscale * x)), d = 1 / iscale, out = d * q.  out may alias x. */
+RX_CU_HD static inline void rx_cu_q8k_qdq256 (const float *x, float *out)
+{
+    float max = 0.f, amax = 0.f;
+    for (int j = 0; j < 256; j++) {
+        const float ax = fabsf (x[j]);
+        if (ax > amax) {
+            amax = ax;
+            max = x[j];
+        }
+    }
+    if (amax == 0.f) {
+        for (int j = 0; j < 256; j++) out[j] = 0.f;
+        return;
+    }
+    const float iscale = -127.f / max, d = 1.f / iscale;
+    for (int j = 0; j < 256; j++) {
+        int v = rx_cu_nearest_int (RX_CU_MUL (iscale, x[j]));
+        v = v < 127 ? v : 127;
+        out[j] = RX_CU_MUL (d, (float) v);
+    }
+}
+
 /* ------------------------------------------------------ RoPE / YaRN -- */
 
 /* GGML's ggml_rope_yarn_corr_dims: the dimensions where YaRN's ramp starts
@@ -230,22 +371,27 @@ RX_CU_HD static inline float rx_cu_yarn_ramp (float low, float high, int i0)
 
 /* cos/sin (times the magnitude scale) of pair i0 (even, < n_rot) at
  * position pos.  theta_scale = freq_base^(-2/n_rot); ff = the pair's freq
- * factor (1 if none); corr from rx_cu_rope_corr_dims.  The CPU advances
- * theta by repeated multiplication; powf here differs from it by a few ulp. */
+ * factor (1 if none); corr from rx_cu_rope_corr_dims.  theta is advanced by
+ * repeated multiplication exactly as kernels-cpu (and GGML's rope cache)
+ * does: powf(theta_scale, i0/2) differs from that product by a few ulp,
+ * which at positions in the thousands is ~1e-3 of angle (an H200 run of
+ * tests/gpu/compare measured 1.5e-3).  Cost: i0/2 multiplies per pair. */
 RX_CU_HD static inline void rx_cu_rope_cs (float pos, int i0, float theta_scale, float ff,
                                            float freq_scale, float ext_factor, float attn_factor,
                                            const float corr[2], float *c, float *s)
 {
-    const float theta_extrap = pos * powf (theta_scale, (float) (i0 / 2)) / ff;
-    const float theta_interp = freq_scale * theta_extrap;
+    float theta = pos;
+    for (int k = 0; k < i0 / 2; k++) theta = RX_CU_MUL (theta, theta_scale);
+    const float theta_extrap = theta / ff;
+    const float theta_interp = RX_CU_MUL (freq_scale, theta_extrap);
     float th = theta_interp, mscale = attn_factor;
     if (ext_factor != 0.0f) {
-        const float ramp_mix = rx_cu_yarn_ramp (corr[0], corr[1], i0) * ext_factor;
-        th = theta_interp * (1 - ramp_mix) + theta_extrap * ramp_mix;
-        mscale *= 1.0f + 0.1f * logf (1.0f / freq_scale);
+        const float ramp_mix = RX_CU_MUL (rx_cu_yarn_ramp (corr[0], corr[1], i0), ext_factor);
+        th = RX_CU_ADD (RX_CU_MUL (theta_interp, 1 - ramp_mix), RX_CU_MUL (theta_extrap, ramp_mix));
+        mscale = RX_CU_MUL (mscale, RX_CU_ADD (1.0f, RX_CU_MUL (0.1f, logf (1.0f / freq_scale))));
     }
-    *c = cosf (th) * mscale;
-    *s = sinf (th) * mscale;
+    *c = RX_CU_MUL (cosf (th), mscale);
+    *s = RX_CU_MUL (sinf (th), mscale);
 }
 
 #endif /* RX_CU_MATH_H */

@@ -166,6 +166,21 @@ static __global__ void k_dequant_f16 (const uint8_t *w, size_t row_bytes, size_t
     }
 }
 
+template <int DT>
+static __global__ void k_dequant_f32 (const uint8_t *w, size_t row_bytes, size_t in, size_t rows,
+                                      float *dst)
+{
+    const size_t nch = in / 32, total = rows * nch;
+    for (size_t t = blockIdx.x * (size_t) blockDim.x + threadIdx.x; t < total;
+         t += (size_t) gridDim.x * blockDim.x) {
+        const size_t r = t / nch, c = t % nch;
+        float v[32];
+        rx_cu_deq32 (DT, w + r * row_bytes, c, v);
+        float *d = dst + r * in + c * 32;
+        for (int j = 0; j < 32; j++) d[j] = v[j];
+    }
+}
+
 #define S_DISPATCH(dtype, KERNEL, grid, block, ...)                                     \
     switch (dtype) {                                                                    \
     case RX_CU_F32: KERNEL<RX_CU_F32><<<grid, block, 0, st>>> (__VA_ARGS__); break;     \
@@ -242,6 +257,15 @@ extern "C" int rx_cuk_dequant_f16 (cudaStream_t st, int dtype, const void *w, si
     return s_status ();
 }
 
+extern "C" int rx_cuk_dequant_f32 (cudaStream_t st, int dtype, const void *w, size_t row_bytes,
+                                   size_t in, size_t rows, void *dst)
+{
+    const uint32_t g = rx_cuplan_blocks (rows * (in / 32), 256, S_MAX_GRID);
+    S_DISPATCH (dtype, k_dequant_f32, g, 256, (const uint8_t *) w, row_bytes, in, rows,
+                (float *) dst);
+    return s_status ();
+}
+
 /* ------------------------------------------------------------ elementwise -- */
 
 static __global__ void k_convert (const float *x, size_t ldx, size_t n, size_t in, void *dst,
@@ -262,6 +286,58 @@ extern "C" int rx_cuk_convert (cudaStream_t st, const float *x, size_t ldx, size
 {
     if (n == 0) return 0;
     k_convert<<<rx_cuplan_blocks (n * in, 256, S_MAX_GRID), 256, 0, st>>> (x, ldx, n, in, dst, bf16);
+    return s_status ();
+}
+
+/* Part p of x (p < parts) is round((x - sum of parts < p, each scaled) *
+ * scale^p): each residual x - round(x) is exact in F32, so parts * 11 (F16)
+ * or parts * 8 (BF16) bits of every activation survive. */
+static __global__ void k_convert_split (const float *x, size_t ldx, size_t n, size_t in,
+                                        void *dst, int bf16, int parts, float scale)
+{
+    const size_t total = n * in;
+    for (size_t t = blockIdx.x * (size_t) blockDim.x + threadIdx.x; t < total;
+         t += (size_t) gridDim.x * blockDim.x) {
+        const size_t r = t / in, c = t % in;
+        uint16_t h[4];
+        rx_cu_split_half (x[r * ldx + c], bf16, parts, scale, h);
+        for (int p = 0; p < parts; p++) ((uint16_t *) dst)[(size_t) p * total + t] = h[p];
+    }
+}
+
+extern "C" int rx_cuk_convert_split (cudaStream_t st, const float *x, size_t ldx, size_t n,
+                                     size_t in, void *dst, int bf16, int parts, float scale)
+{
+    if (n == 0) return 0;
+    if (parts < 1 || parts > 4) return (int) cudaErrorInvalidValue;
+    k_convert_split<<<rx_cuplan_blocks (n * in, 256, S_MAX_GRID), 256, 0, st>>> (
+        x, ldx, n, in, dst, bf16, parts, scale);
+    return s_status ();
+}
+
+/* One thread per activation block: kernels-cpu's activation quantization
+ * (cu_math.h), written back as F32 into a dense [n][in] scratch. */
+static __global__ void k_act_qdq (const float *x, size_t ldx, size_t n, size_t in, int qblk,
+                                  float *dst)
+{
+    const size_t nb = in / (size_t) qblk, total = n * nb;
+    for (size_t t = blockIdx.x * (size_t) blockDim.x + threadIdx.x; t < total;
+         t += (size_t) gridDim.x * blockDim.x) {
+        const size_t r = t / nb, b = t % nb;
+        const float *xs = x + r * ldx + b * (size_t) qblk;
+        float *o = dst + r * in + b * (size_t) qblk;
+        if (qblk == 32) rx_cu_q8a_qdq32 (xs, o);
+        else rx_cu_q8k_qdq256 (xs, o);
+    }
+}
+
+extern "C" int rx_cuk_act_qdq (cudaStream_t st, const float *x, size_t ldx, size_t n, size_t in,
+                               int qblk, float *dst)
+{
+    if (n == 0) return 0;
+    if ((qblk != 32 && qblk != 256) || in % (size_t) qblk) return (int) cudaErrorInvalidValue;
+    k_act_qdq<<<rx_cuplan_blocks (n * (in / (size_t) qblk), 128, S_MAX_GRID), 128, 0, st>>> (
+        x, ldx, n, in, qblk, dst);
     return s_status ();
 }
 
@@ -414,8 +490,9 @@ static __global__ void k_rope (float *x, size_t ldx, size_t n_tok, size_t n_head
         float *xh = x + tok * ldx + h * ld_head;
         const size_t a = neox ? i : (size_t) i0, b = neox ? i + half : (size_t) i0 + 1;
         const float x0 = xh[a], x1 = xh[b];
-        xh[a] = x0 * c - x1 * s;
-        xh[b] = x0 * s + x1 * c;
+        /* no fma contraction: the CPU rounds each product */
+        xh[a] = RX_CU_SUB (RX_CU_MUL (x0, c), RX_CU_MUL (x1, s));
+        xh[b] = RX_CU_ADD (RX_CU_MUL (x0, s), RX_CU_MUL (x1, c));
     }
 }
 

@@ -45,9 +45,23 @@ int rx_cuk_matvec (cudaStream_t st, int dtype, const void *w, size_t row_bytes, 
 /* rows x in weight elements -> F16 [rows][in] (dst). */
 int rx_cuk_dequant_f16 (cudaStream_t st, int dtype, const void *w, size_t row_bytes, size_t in,
                         size_t rows, void *dst);
+/* rows x in weight elements -> F32 [rows][in] (dst), exact for every type. */
+int rx_cuk_dequant_f32 (cudaStream_t st, int dtype, const void *w, size_t row_bytes, size_t in,
+                        size_t rows, void *dst);
 /* x (n x in, ld ldx) -> dst [n][in] of F16 (bf16 = 0) or BF16 (bf16 = 1). */
 int rx_cuk_convert (cudaStream_t st, const float *x, size_t ldx, size_t n, size_t in, void *dst,
                     int bf16);
+/* x (n x in, ld ldx) -> `parts` arrays of [n][in] F16 (bf16 = 0) or BF16
+ * back to back in dst: part 0 = round(x), part p = round(residual_p *
+ * scale^p), parts 1..4; sum_p part_p * scale^-p carries ~11 (F16) / 8 (BF16) bits of x
+ * per part.  scale = 2^11 keeps F16 residuals out of the subnormals. */
+int rx_cuk_convert_split (cudaStream_t st, const float *x, size_t ldx, size_t n, size_t in,
+                          void *dst, int bf16, int parts, float scale);
+/* x (n x in, ld ldx) -> dst [n][in] F32: each block of qblk (32: rx_q8a,
+ * 256: Q8_K) quantized and dequantized as kernels-cpu quantizes
+ * activations (cu_math.h rx_cu_q8a_qdq32 / rx_cu_q8k_qdq256). */
+int rx_cuk_act_qdq (cudaStream_t st, const float *x, size_t ldx, size_t n, size_t in, int qblk,
+                    float *dst);
 /* Elementwise: ADD/MUL y = a op b (ldb 0: broadcast row 0 of b); SCALE
  * y = alpha a; SIGMOID; COPY; SWIGLU y = silu(a) * b. */
 int rx_cuk_ew (cudaStream_t st, int op, const float *a, size_t lda, const float *b, size_t ldb,

@@ -40,6 +40,8 @@ int rx_cuplan_matmul (int dtype, size_t n, size_t in, size_t out, size_t matvec_
         return rx_err_set (err, RX_EINVAL, "kernels-cuda matmul: out = %zu is too large", out);
     if (matvec_max_rows == 0) matvec_max_rows = 4;
     if (slice_bytes == 0) slice_bytes = (size_t) 64 << 20;
+    p->act_qblk = rx_cu_act_qblk (dtype);
+    if (p->act_qblk) p->q_scratch = n * in * sizeof (float);
     if (n <= matvec_max_rows) {
         p->path = RX_CUMM_MATVEC;
         p->block_x = 32 * RX_CU_MV_WARPS;
@@ -52,18 +54,26 @@ int rx_cuplan_matmul (int dtype, size_t n, size_t in, size_t out, size_t matvec_
     case RX_CU_F32:  p->gtype = RX_CUMM_G_F32; break;
     case RX_CU_BF16: p->gtype = RX_CUMM_G_BF16; p->convert_x = 1; break;
     case RX_CU_F16:  p->gtype = RX_CUMM_G_F16; p->convert_x = 1; break;
-    default:         p->gtype = RX_CUMM_G_F16; p->convert_x = 1; p->dequant_w = 1; break;
+    /* Quantized W is dequantized to F32 (exact) for an F32 GEMM: the F16
+     * rounding of the dequantized weights (~2^-12) flipped the activation
+     * quantization of later layers often enough to move the logits of
+     * the quantized reference models by 0.1 (H200 run). */
+    default:         p->gtype = RX_CUMM_G_F32; p->dequant_w = 1; break;
     }
     p->out_slice = out;
     if (p->dequant_w) {
         /* Dequantize W slice by slice so the scratch stays bounded; slices
          * are multiples of 64 rows (whole GEMM tiles). */
-        size_t rows = slice_bytes / (in * 2);
+        size_t rows = slice_bytes / (in * 4);
         rows = rows / 64 * 64;
         if (rows < 64) rows = 64;
         if (rows < out) p->out_slice = rows;
-        p->w_scratch = p->out_slice * in * 2;
+        p->w_scratch = p->out_slice * in * 4;
     }
-    if (p->convert_x) p->x_scratch = n * in * 2;
+    if (p->convert_x) {
+        p->x_parts = p->gtype == RX_CUMM_G_BF16 ? 3 : 2;
+        p->x_part_scale = p->gtype == RX_CUMM_G_BF16 ? 256.f : 2048.f;
+        p->x_scratch = (size_t) p->x_parts * n * in * 2;
+    }
     return RX_OK;
 }

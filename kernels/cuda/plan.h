@@ -43,7 +43,18 @@ struct rx_cumm_plan {
     int      convert_x;     /* GEMM: X must be converted to gtype first */
     size_t   out_slice;     /* GEMM: output rows per cuBLAS call (W scratch bound) */
     size_t   w_scratch;     /* bytes of W scratch (one slice, F16) */
-    size_t   x_scratch;     /* bytes of X scratch (n x in of gtype) */
+    size_t   x_scratch;     /* bytes of X scratch (x_parts x n x in of gtype) */
+    /* Numerics (docs/gpu.md "Numerics"): activations are treated as
+     * kernels-cpu treats them.  act_qblk (32 or 256, 0 for float weights):
+     * X is first quantized-dequantized in blocks of act_qblk into q_scratch
+     * (n x in F32) as the CPU quantizes it for its integer dots.  GEMM:
+     * X is split into x_parts half-precision parts (F16: 2, scale 2^11;
+     * BF16: 3, scale 2^8) run as x_parts GEMMs accumulating in F32, so the
+     * activations keep ~22 (F16) / 24 (BF16) bits as the CPU's F32 ones. */
+    int      act_qblk;
+    int      x_parts;
+    float    x_part_scale;
+    size_t   q_scratch;
     /* MATVEC launch: grid.x blocks of RX_CU_MV_WARPS warps; rows in
      * passes of at most RX_CU_MV_MAX_ROWS. */
     uint32_t grid_x, block_x, row_passes;

@@ -625,8 +625,10 @@ static int s_rope (void *be, rx_kstream_t *s, float *x, size_t ldx, size_t n_tok
     return RX_OK;
 }
 
-/* Scratch for the GEMM path, grown on demand.  Old scratch is retired, not
- * freed: a graph captured earlier may still point at it. */
+/* Scratch for matmul (quantized activations, GEMM operands), grown on
+ * demand.  Old scratch is retired, not freed: a graph captured earlier may
+ * still point at it.  One scratch per backend: matmuls on the same stream
+ * reuse it in order (as GEMMs always did). */
 static int s_scratch (struct s_cuda *c, size_t bytes, void **out, struct rx_err *err)
 {
     if (bytes > c->scratch_cap) {
@@ -680,26 +682,49 @@ static int s_matmul (void *be, rx_kstream_t *s, const rx_kweight_t *w, int exper
     if (rc != RX_OK) return rc;
     const uint8_t *wd = (const uint8_t *) w->d + (size_t) (expert > 0 ? expert : 0) * out * w->row_bytes;
     const int acc = (flags & RX_MM_ACCUMULATE) != 0;
+    /* Scratch layout: [q: n x in F32][xs: x_parts x n x in][ws: W slice]. */
+    void *scr = NULL;
+    const size_t scr_bytes = pl.q_scratch + pl.x_scratch + pl.w_scratch;
+    if (scr_bytes && (rc = s_scratch (c, scr_bytes, &scr, err)) != RX_OK) return rc;
+    if (pl.act_qblk) {
+        /* The CPU's integer dots see quantized activations: so do we. */
+        float *xq = (float *) scr;
+        S_LAUNCH (rx_cuk_act_qdq (st, x, ldx, n, in, pl.act_qblk, xq), s_op);
+        x = xq;
+        ldx = in;
+    }
     if (pl.path == RX_CUMM_MATVEC) {
         S_LAUNCH (rx_cuk_matvec (st, w->dtype, wd, w->row_bytes, in, out, x, ldx, y, ldy, n, acc), s_op);
         return RX_OK;
     }
-    void *scr = NULL;
-    if ((rc = s_scratch (c, pl.x_scratch + pl.w_scratch, &scr, err)) != RX_OK) return rc;
-    void *xs = scr, *ws = (uint8_t *) scr + pl.x_scratch;
+    void *xs = (uint8_t *) scr + pl.q_scratch, *ws = (uint8_t *) xs + pl.x_scratch;
     const float one = 1.f, beta = acc ? 1.f : 0.f;
     cublasStatus_t bs = cublasSetStream (c->blas, st);
     if (bs != CUBLAS_STATUS_SUCCESS) return s_blaserr (err, bs, s_op, "cublasSetStream");
     if (pl.gtype == RX_CUMM_G_F32) {
-        /* Row-major Y = X W^T is column-major Y^T = W^T(op T on W's [in x out]) X^T. */
-        bs = cublasGemmEx (c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int) out, (int) n, (int) in, &one,
-                           wd, CUDA_R_32F, (int) in, x, CUDA_R_32F, (int) ldx, &beta, y,
-                           CUDA_R_32F, (int) ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-        if (bs != CUBLAS_STATUS_SUCCESS) return s_blaserr (err, bs, s_op, "cublasGemmEx (f32)");
+        /* Row-major Y = X W^T is column-major Y^T = W^T(op T on W's [in x out]) X^T.
+         * Quantized W: dequantized to F32 slice by slice first. */
+        for (size_t o0 = 0; o0 < out; o0 += pl.out_slice) {
+            const size_t no = out - o0 < pl.out_slice ? out - o0 : pl.out_slice;
+            const void *a = wd + o0 * w->row_bytes;
+            if (pl.dequant_w) {
+                S_LAUNCH (rx_cuk_dequant_f32 (st, w->dtype, a, w->row_bytes, in, no, ws), s_op);
+                a = ws;
+            }
+            bs = cublasGemmEx (c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int) no, (int) n, (int) in, &one,
+                               a, CUDA_R_32F, (int) in, x, CUDA_R_32F, (int) ldx, &beta, y + o0,
+                               CUDA_R_32F, (int) ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+            if (bs != CUBLAS_STATUS_SUCCESS) return s_blaserr (err, bs, s_op, "cublasGemmEx (f32)");
+        }
         return RX_OK;
     }
     const cudaDataType_t dt = pl.gtype == RX_CUMM_G_BF16 ? CUDA_R_16BF : CUDA_R_16F;
-    S_LAUNCH (rx_cuk_convert (st, x, ldx, n, in, xs, pl.gtype == RX_CUMM_G_BF16), s_op);
+    /* X in x_parts half-precision parts (hi, lo, ...): kernels-cpu keeps
+     * F32 activations against F16/BF16 weights; one F16 copy alone is off
+     * by ~1e-3 in the logits (H200 run of test_models_ref). */
+    S_LAUNCH (rx_cuk_convert_split (st, x, ldx, n, in, xs, pl.gtype == RX_CUMM_G_BF16, pl.x_parts,
+                                    pl.x_part_scale), s_op);
+    const size_t part_bytes = n * in * 2;
     for (size_t o0 = 0; o0 < out; o0 += pl.out_slice) {
         const size_t no = out - o0 < pl.out_slice ? out - o0 : pl.out_slice;
         const void *a = wd + o0 * w->row_bytes;
@@ -707,10 +732,16 @@ static int s_matmul (void *be, rx_kstream_t *s, const rx_kweight_t *w, int exper
             S_LAUNCH (rx_cuk_dequant_f16 (st, w->dtype, a, w->row_bytes, in, no, ws), s_op);
             a = ws;
         }
-        bs = cublasGemmEx (c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int) no, (int) n, (int) in, &one,
-                           a, dt, (int) in, xs, dt, (int) in, &beta, y + o0, CUDA_R_32F, (int) ldy,
-                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-        if (bs != CUBLAS_STATUS_SUCCESS) return s_blaserr (err, bs, s_op, "cublasGemmEx");
+        float alpha = 1.f;
+        for (int p = 0; p < pl.x_parts; p++) {
+            const float b = p == 0 ? beta : 1.f;
+            bs = cublasGemmEx (c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int) no, (int) n, (int) in,
+                               &alpha, a, dt, (int) in, (const uint8_t *) xs + (size_t) p * part_bytes,
+                               dt, (int) in, &b, y + o0, CUDA_R_32F, (int) ldy, CUBLAS_COMPUTE_32F,
+                               CUBLAS_GEMM_DEFAULT);
+            if (bs != CUBLAS_STATUS_SUCCESS) return s_blaserr (err, bs, s_op, "cublasGemmEx");
+            alpha /= pl.x_part_scale;
+        }
     }
     return RX_OK;
 }

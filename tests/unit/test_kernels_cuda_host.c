@@ -23,6 +23,7 @@
 
 #include "cu_math.h"
 #include "graphs.h"
+#include "isa.h"
 #include "loader.h"
 #include "mempool.h"
 #include "plan.h"
@@ -107,6 +108,115 @@ Test (cu_math, block_decoders_match_reference)
     free (x);
     free (ref);
     free (q);
+}
+
+/* Float -> half/bfloat encoders, on a spread of bit patterns (normals,
+ * subnormals, ties, overflow, inf, NaN): bit-identical to core/quant.c. */
+Test (cu_math, half_and_bfloat_encode_match_core)
+{
+    for (uint64_t u = 0; u < 0x100000000ull; u += 65521) {
+        for (uint32_t k = 0; k < 3; k++) {
+            uint32_t b = (uint32_t) u ^ (k == 1 ? 0x1000u : k == 2 ? 0x8000u : 0u);
+            float f;
+            memcpy (&f, &b, sizeof f);
+            cr_assert_eq (rx_cu_f2h (f), rx_fp32_to_fp16 (f), "f16 of %08x", b);
+            cr_assert_eq (rx_cu_f2bf (f), rx_fp32_to_bf16 (f), "bf16 of %08x", b);
+        }
+    }
+    /* exact ties to even, the largest finite half, rounding up to inf */
+    const float v[] = { 1.f + 0x1p-11f, 1.f + 3 * 0x1p-11f, 65504.f, 65519.f, 65520.f, 0x1p-25f,
+                        3 * 0x1p-26f, -0.f, INFINITY, -INFINITY, NAN };
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        cr_assert_eq (rx_cu_f2h (v[i]), rx_fp32_to_fp16 (v[i]), "f16 of %g", v[i]);
+        cr_assert_eq (rx_cu_f2bf (v[i]), rx_fp32_to_bf16 (v[i]), "bf16 of %g", v[i]);
+    }
+    cr_assert_eq (rx_cu_f2h (1.f + 0x1p-11f), 0x3c00, "tie rounds to even (down)");
+    cr_assert_eq (rx_cu_f2h (1.f + 3 * 0x1p-11f), 0x3c02, "tie rounds to even (up)");
+}
+
+/* The split the GEMM path feeds cuBLAS: part 0 is the plain conversion and
+ * the parts together carry the activation to ~22 (F16 x 2) / 24 (BF16 x 3)
+ * bits, including tiny values whose residual would be an F16 subnormal. */
+Test (cu_math, split_half_keeps_f32_precision)
+{
+    const float mags[] = { 3.f, 1e-3f, 1e-5f, 200.f };
+    for (size_t m = 0; m < sizeof mags / sizeof mags[0]; m++) {
+        double worst16 = 0, worst_bf = 0, plain16 = 0;
+        for (int i = 0; i < 4096; i++) {
+            const float x = s_unif () * mags[m];
+            if (x == 0.f) continue;
+            uint16_t h[3];
+            rx_cu_split_half (x, 0, 2, 2048.f, h);
+            cr_assert_eq (h[0], rx_fp32_to_fp16 (x), "part 0 is round(x)");
+            const double s16 = (double) rx_fp16_to_fp32 (h[0]) + (double) rx_fp16_to_fp32 (h[1]) / 2048.0;
+            rx_cu_split_half (x, 1, 3, 256.f, h);
+            cr_assert_eq (h[0], rx_fp32_to_bf16 (x));
+            const double sbf = (double) rx_bf16_to_fp32 (h[0]) + (double) rx_bf16_to_fp32 (h[1]) / 256.0 +
+                               (double) rx_bf16_to_fp32 (h[2]) / 65536.0;
+            const double ax = fabs ((double) x);
+            /* below 2^-14 part 0 is an F16 subnormal (spacing 2^-24): the
+             * scaled lo part still resolves 2^-25 / 2^11 = 2^-36 */
+            worst16 = fmax (worst16, fabs (s16 - x) / fmax (ax, 0x1p-15));
+            worst_bf = fmax (worst_bf, fabs (sbf - x) / ax);
+            plain16 = fmax (plain16, fabs ((double) rx_fp16_to_fp32 (rx_fp32_to_fp16 (x)) - x) / ax);
+        }
+        cr_assert (plain16 > 0x1p-13, "mag %g: one F16 loses precision (%g)", mags[m], plain16);
+        cr_assert (worst16 <= 0x1p-21, "mag %g: f16 hi+lo relative error %g", mags[m], worst16);
+        cr_assert (worst_bf <= 0x1p-23, "mag %g: bf16 x3 relative error %g", mags[m], worst_bf);
+    }
+}
+
+/* The activation quantizers the CUDA matmul applies before quantized
+ * weights, against the CPU backend's own: rx_kisa_q8a_quant (Q8_0/Q4_0/
+ * Q4_1 weights) and core/quant.c's Q8_K (K-quants), bit for bit. */
+Test (cu_math, act_quant_matches_cpu_backend)
+{
+    cr_assert_eq (rx_cu_act_qblk (RX_Q8_0), 32);
+    cr_assert_eq (rx_cu_act_qblk (RX_Q4_0), 32);
+    cr_assert_eq (rx_cu_act_qblk (RX_Q4_1), 32);
+    cr_assert_eq (rx_cu_act_qblk (RX_Q4_K), 256);
+    cr_assert_eq (rx_cu_act_qblk (RX_Q5_K), 256);
+    cr_assert_eq (rx_cu_act_qblk (RX_Q6_K), 256);
+    cr_assert_eq (rx_cu_act_qblk (RX_F32) + rx_cu_act_qblk (RX_F16) + rx_cu_act_qblk (RX_BF16), 0);
+    const size_t n = 1024;
+    float x[1024], got[1024], ref[1024];
+    rx_q8a qa[1024 / 32];
+    rx_block_q8_K qk[1024 / 256];
+    for (int rep = 0; rep < 8; rep++) {
+        for (size_t i = 0; i < n; i++) {
+            switch (rep) {
+            case 0: x[i] = s_unif () * 3.f; break;
+            case 1: x[i] = s_unif () * 1e-6f; break;              /* fp16 d subnormal */
+            case 2:   /* amax 127 -> id 1: x * id = k + 0.5, ties to even */
+                x[i] = i % 32 == 0 ? 127.f : (float) ((int) (i % 253) - 126) + 0.5f;
+                break;
+            case 3: x[i] = i % 64 < 32 ? 0.f : s_unif (); break;    /* zero blocks */
+            case 4: x[i] = s_unif () + (i % 256 == 7 ? 50.f : 0.f); break;  /* positive max */
+            case 5: x[i] = s_unif () - (i % 256 == 9 ? 50.f : 0.f); break;  /* negative max */
+            case 6: x[i] = s_unif () * 3e4f; break;
+            default: x[i] = (float) (i % 7) - 3.f; break;
+            }
+        }
+        rx_kisa_q8a_quant (x, qa, n / 32);
+        for (size_t b = 0; b < n / 32; b++)
+            for (int j = 0; j < 32; j++) ref[b * 32 + j] = (float) qa[b].q[j] * qa[b].d;
+        for (size_t b = 0; b < n / 32; b++) rx_cu_q8a_qdq32 (x + b * 32, got + b * 32);
+        for (size_t i = 0; i < n; i++)
+            cr_assert (memcmp (&got[i], &ref[i], sizeof (float)) == 0,
+                       "rep %d q8a elem %zu (x %.9g): %.9g vs cpu %.9g", rep, i, x[i], got[i], ref[i]);
+        cr_assert_eq (rx_quantize_row (RX_Q8_K, x, qk, n), sizeof qk);
+        cr_assert_eq (rx_dequantize_row (RX_Q8_K, qk, ref, n), RX_OK);
+        memcpy (got, x, sizeof x);
+        for (size_t b = 0; b < n / 256; b++) rx_cu_q8k_qdq256 (got + b * 256, got + b * 256); /* in place */
+        for (size_t i = 0; i < n; i++)
+            cr_assert (memcmp (&got[i], &ref[i], sizeof (float)) == 0,
+                       "rep %d q8k elem %zu (x %.9g): %.9g vs core %.9g", rep, i, x[i], got[i], ref[i]);
+    }
+    /* Not the identity: the activation really is rounded to 8 bits. */
+    float y[32], z[32];
+    for (int j = 0; j < 32; j++) y[j] = 1.f + (float) j / 1000.f;
+    rx_cu_q8a_qdq32 (y, z);
+    cr_assert (z[1] != y[1] && fabsf (z[1] - y[1]) <= 1.031f / 127 / 2 * 1.001f, "%.9g vs %.9g", z[1], y[1]);
 }
 
 Test (cu_math, rope_corr_dims_and_ramp)
@@ -196,10 +306,10 @@ Test (cu_math, rope_matches_cpu_backend)
                     xh[b] = x0 * s + x1 * c;
                 }
         for (int i = 0; i < n_tok * n_head * hd; i++) {
-            /* The CPU advances theta by repeated multiplication, the GPU by
-             * powf: equal up to float rounding of large angles. */
-            const float tol = 2e-3f;
-            cr_assert (fabsf (x[i] - ref[i]) <= tol, "case %zu elem %d: %.7g vs cpu %.7g", ci, i, x[i], ref[i]);
+            /* Same theta recurrence, same roundings: on the host (same libm,
+             * and no fma contraction in either file: baseline x86-64) the
+             * device math equals the CPU's exactly. */
+            cr_assert (x[i] == ref[i], "case %zu elem %d: %.9g vs cpu %.9g", ci, i, x[i], ref[i]);
         }
         free (x);
         free (ref);
@@ -464,7 +574,9 @@ Test (cuplan, matvec_for_small_batches)
     cr_assert_eq (p.block_x, 32 * RX_CU_MV_WARPS);
     cr_assert_eq (p.grid_x, 11008 / RX_CU_MV_WARPS, "one warp per output row");
     cr_assert_eq (p.row_passes, 1);
-    cr_assert_eq (p.w_scratch + p.x_scratch, 0, "matvec needs no scratch");
+    cr_assert_eq (p.w_scratch + p.x_scratch, 0, "matvec needs no conversion scratch");
+    cr_assert_eq (p.act_qblk, 32, "Q8_0: activations quantized in blocks of 32, as on the CPU");
+    cr_assert_eq (p.q_scratch, 4096 * 4);
     cr_assert_eq (rx_cuplan_matmul (RX_Q4_K, 4, 4096, 4097, 0, 0, &p, &err), RX_OK);
     cr_assert_eq (p.path, RX_CUMM_MATVEC, "default threshold is 4 rows");
     cr_assert_eq (p.grid_x, (4097 + RX_CU_MV_WARPS - 1) / RX_CU_MV_WARPS);
@@ -483,26 +595,36 @@ Test (cuplan, gemm_types_scratch_and_slices)
     cr_assert_eq (p.path, RX_CUMM_GEMM);
     cr_assert_eq (p.gtype, RX_CUMM_G_F32);
     cr_assert_eq (p.convert_x + p.dequant_w, 0);
-    cr_assert_eq (p.x_scratch + p.w_scratch, 0, "f32 multiplies in place");
+    cr_assert_eq (p.x_scratch + p.w_scratch + p.q_scratch, 0, "f32 multiplies in place");
+    cr_assert_eq (p.act_qblk, 0);
     cr_assert_eq (rx_cuplan_matmul (RX_BF16, 64, 512, 1024, 0, 0, &p, &err), RX_OK);
     cr_assert_eq (p.gtype, RX_CUMM_G_BF16);
     cr_assert (p.convert_x && !p.dequant_w);
-    cr_assert_eq (p.x_scratch, 64 * 512 * 2);
+    cr_assert_eq (p.x_parts, 3, "bf16: 3 parts carry an F32 activation");
+    cr_assert_eq (p.x_scratch, 3 * 64 * 512 * 2);
+    cr_assert_eq (p.q_scratch, 0, "float weights: F32 activations, as on the CPU");
     cr_assert_eq (p.w_scratch, 0);
     cr_assert_eq (p.out_slice, 1024);
     cr_assert_eq (rx_cuplan_matmul (RX_F16, 64, 512, 1024, 0, 0, &p, &err), RX_OK);
     cr_assert_eq (p.gtype, RX_CUMM_G_F16);
-    /* Quantized: W dequantized to F16 in slices bounded by slice_bytes. */
+    cr_assert_eq (p.x_parts, 2, "f16: hi + lo parts");
+    cr_assert_float_eq (p.x_part_scale, 2048.f, 0.f);
+    cr_assert_eq (p.x_scratch, 2 * 64 * 512 * 2);
+    /* Quantized: W dequantized to F32 (exact) in slices bounded by
+     * slice_bytes, then an F32 GEMM on the quantized-dequantized X. */
     cr_assert_eq (rx_cuplan_matmul (RX_Q6_K, 512, 4096, 128256, 0, 64u << 20, &p, &err), RX_OK);
-    cr_assert_eq (p.gtype, RX_CUMM_G_F16);
-    cr_assert (p.convert_x && p.dequant_w);
-    cr_assert_eq (p.out_slice, (64u << 20) / (4096 * 2) / 64 * 64);
+    cr_assert_eq (p.gtype, RX_CUMM_G_F32);
+    cr_assert (!p.convert_x && p.dequant_w);
+    cr_assert_eq (p.act_qblk, 256, "K-quants: Q8_K activations");
+    cr_assert_eq (p.q_scratch, 512 * 4096 * 4);
+    cr_assert_eq (p.x_scratch, 0);
+    cr_assert_eq (p.out_slice, (64u << 20) / (4096 * 4) / 64 * 64);
     cr_assert_eq (p.out_slice % 64, 0);
-    cr_assert_eq (p.w_scratch, p.out_slice * 4096 * 2);
+    cr_assert_eq (p.w_scratch, p.out_slice * 4096 * 4);
     cr_assert_leq (p.w_scratch, 64u << 20);
     cr_assert_eq (rx_cuplan_matmul (RX_Q8_0, 16, 256, 100, 0, 64u << 20, &p, &err), RX_OK);
     cr_assert_eq (p.out_slice, 100, "small weights in one slice");
-    cr_assert_eq (p.w_scratch, 100 * 256 * 2);
+    cr_assert_eq (p.w_scratch, 100 * 256 * 4);
     cr_assert_eq (rx_cuplan_matmul (RX_Q8_0, 16, 1 << 20, 1000, 0, 1024, &p, &err), RX_OK);
     cr_assert_eq (p.out_slice, 64, "never less than one 64-row tile");
 }
