@@ -203,7 +203,10 @@ int rx_cfg_value_parse (const struct rx_cfg_key *k, const char *text,
         for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
             if (strcasecmp (unit, units[i].u) == 0) {
                 v.f = n * units[i].m;
-                v.i = (int64_t) v.f;
+                /* Converting a double beyond int64's range is undefined
+                 * (fuzz_conf: 2.2e20 s): saturate; the range check below
+                 * then refuses it when the key has a range. */
+                v.i = v.f < 9.2e18 ? (int64_t) v.f : INT64_MAX;
                 rc = RX_OK;
                 break;
             }
