@@ -636,6 +636,24 @@ rx_tokenizer_t *rx_tokenizer_new (const struct rx_vocab_desc *d, struct rx_err *
         uint32_t cp = rx_byte_to_unicode ((uint8_t) b);
         t->bmap_len[b] = (unsigned char) rx_utf8_encode (cp, t->bmap[b]);
     }
+    if (t->model == RX_TOK_MODEL_BPE) {
+        /* A byte-level vocabulary may lack a byte its training data never
+         * had (StarCoder: 0xF1, the lead byte of the unassigned planes 4-7).
+         * Encode then drops that byte, as llama.cpp and HF tokenizers do;
+         * say so once here rather than per request.  Only bytes that valid
+         * UTF-8 can hold count (the others become U+FFFD first). */
+        char list[256 * 5 + 1];
+        size_t o = 0, nlost = 0;
+        for (int b = 0; b < 256; b++) {
+            if (b == 0xC0 || b == 0xC1 || b > 0xF4) continue;
+            if (s_find (t, t->bmap[b], t->bmap_len[b]) >= 0) continue;
+            o += (size_t) snprintf (list + o, sizeof list - o, " 0x%02X", b);
+            nlost++;
+        }
+        if (nlost)
+            rx_info ("%s: byte-level vocabulary has no token for byte(s)%s; text containing "
+                     "them loses those bytes when encoded (as llama.cpp)", src, list);
+    }
 
     /* Pieces for decoding. */
     t->piece_off = malloc (t->n_vocab * sizeof *t->piece_off);
@@ -1070,7 +1088,9 @@ static int s_bpe_word (const rx_tokenizer_t *t, const char *w, size_t n, struct 
                 s_ids_push (out, (int32_t) id);
                 continue;
             }
-            /* As llama.cpp: try each byte of the mapped text on its own. */
+            /* As llama.cpp: try each byte of the mapped text on its own.  A
+             * mapped byte the vocabulary lacks (StarCoder's 0xF1 -> U+00F1)
+             * ends up with no token: it is dropped, as in llama.cpp. */
             for (size_t j = 0; j < sym[i].n; j++) {
                 long b = s_find (t, w + sym[i].off + j, 1);
                 if (b >= 0) s_ids_push (out, (int32_t) b);

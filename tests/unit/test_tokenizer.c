@@ -364,6 +364,62 @@ Test (bpe, invalid_utf8_becomes_replacement)
     rx_tokenizer_free (&t);
 }
 
+/* Unassigned code points (category Cn) of planes 2..16, in words, between
+ * letters, alone and repeated: the fuzzer's find (tests/fuzz/regressions-
+ * tokenizer/starcoder-*).  GPT-2 has a token for every byte and round-trips
+ * them all.  StarCoder's vocabulary has NO token for byte 0xF1 (mapped
+ * U+00F1, the lead byte of planes 4-7, never seen in its training data), so
+ * -- as llama.cpp and HF tokenizers (no byte fallback) -- that byte is
+ * dropped and everything else survives. */
+static void s_check_unassigned (const char *vocab, int drops_f1)
+{
+    static const char *const cps[] = {
+        "\xF0\xAF\xA8\xA0",   /* U+2FA20  plane 2 */
+        "\xF0\xBF\xBF\xBD",   /* U+3FFFD  plane 3 */
+        "\xF1\x80\x80\x80",   /* U+40000  plane 4 */
+        "\xF1\x9F\xA4\x96",   /* U+5F916  plane 5 */
+        "\xF1\xBA\xAF\x8D",   /* U+7ABCD  plane 7 */
+        "\xF2\x80\x80\x80",   /* U+80000  plane 8 */
+        "\xF3\x81\x88\xB4",   /* U+C1234  plane 12 */
+        "\xF3\xA0\xA0\x80",   /* U+E0800  plane 14 */
+        "\xF3\xBF\xBF\xBE",   /* U+FFFFE  plane 15 */
+        "\xF4\x8F\xBF\xBE",   /* U+10FFFE plane 16 */
+    };
+    static const char *const fmts[] = { "%s", "%s%s%s", "Hello %s world", "x%sy 12%s3 %s!" };
+    char rel[128];
+    snprintf (rel, sizeof rel, "data/tokenizers/ggml-vocab-%s.gguf", vocab);
+    rx_tokenizer_t *t = s_open (rel);
+    /* The data itself, not our code, decides whether 0xF1 has a token. */
+    cr_assert_eq (rx_tokenizer_find (t, "\xC3\xB1", 2) < 0, drops_f1,
+                  "%s: token for byte 0xF1 (U+00F1) expected %s", vocab, drops_f1 ? "absent" : "present");
+    for (size_t i = 0; i < sizeof cps / sizeof cps[0]; i++) {
+        for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++) {
+            char in[64], want[64];
+            int len = snprintf (in, sizeof in, fmts[f], cps[i], cps[i], cps[i]);
+            cr_assert (rx_utf8_valid (in, (size_t) len));
+            size_t wl = 0;
+            for (int k = 0; k < len; k++)
+                if (!(drops_f1 && (unsigned char) in[k] == 0xF1)) want[wl++] = in[k];
+            int32_t *ids;
+            size_t n, l;
+            char *text;
+            struct rx_err err = { 0 };
+            s_encode (t, in, (size_t) len, 0, &ids, &n);
+            cr_assert_gt (n, 0, "%s: %s encodes to nothing", vocab, in);
+            cr_assert_eq (rx_tokenizer_decode (t, ids, n, 0, &text, &l, &err), RX_OK, "%s", err.msg);
+            cr_expect (l == wl && memcmp (text, want, wl) == 0,
+                       "%s, code point %zu, form %zu: %d bytes in, %zu bytes out (want %zu)",
+                       vocab, i, f, len, l, wl);
+            free (text);
+            free (ids);
+        }
+    }
+    rx_tokenizer_free (&t);
+}
+
+Test (bpe, unassigned_codepoints_gpt2) { s_check_unassigned ("gpt-2", 0); }
+Test (bpe, unassigned_codepoints_starcoder) { s_check_unassigned ("starcoder", 1); }
+
 Test (special, parse_special_flag)
 {
     rx_tokenizer_t *t = s_open ("data/tokenizers/ggml-vocab-llama-spm.gguf");
