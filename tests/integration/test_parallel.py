@@ -410,6 +410,11 @@ def example_ini():
     expect(cp.read(path) == [path], "cannot read %s" % path)
     out = {sec: dict(cp[sec]) for sec in cp.sections()}
     out["model"]["path"] = os.path.normpath(os.path.join(os.path.dirname(path), out["model"]["path"]))
+    shared = os.environ.get("RADIX_SHARED")
+    if not os.path.exists(out["model"]["path"]) and shared:
+        # A tree where ../shared is not beside conf/ (make distcheck's):
+        # the same reference model from $RADIX_SHARED.
+        out["model"]["path"] = os.path.join(shared, "data", "models", os.path.basename(out["model"]["path"]))
     return out
 
 
