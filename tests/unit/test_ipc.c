@@ -174,11 +174,13 @@ Test (ipc, echo_10k_in_order_across_processes, .timeout = 60)
         m.u.tokens.step = (uint64_t) i;
         m.u.tokens.n = 1;
         m.u.tokens.out = &out;
-        cr_assert_eq (rx_ipc_send (p.down, &m, 10000, &err), RX_OK, "message %d: %s", i, err.msg);
+        /* 30 s: the first send waits for the echo child to connect, which
+         * took over 10 s once in an ASan build on a loaded 2-core box. */
+        cr_assert_eq (rx_ipc_send (p.down, &m, 30000, &err), RX_OK, "message %d: %s", i, err.msg);
     }
     for (int i = 0; i < N; i++) {
         struct rx_ipc_msg r;
-        cr_assert_eq (rx_ipc_recv (p.up, &r, 10000, &err), RX_OK, "message %d: %s", i, err.msg);
+        cr_assert_eq (rx_ipc_recv (p.up, &r, 30000, &err), RX_OK, "message %d: %s", i, err.msg);
         cr_assert_eq (r.type, RX_IPC_TOKENS);
         cr_assert_eq (r.u.tokens.step, (uint64_t) i, "message %d arrived as step %llu", i,
                       (unsigned long long) r.u.tokens.step);
