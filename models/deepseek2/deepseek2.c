@@ -183,10 +183,7 @@ struct ds_model {
      * micro-batch 1's dispatcher instance (one exchange in flight per
      * instance) and its rebased attention index arrays. */
     int32_t tbo;
-    void *moe2;
-    int32_t moe2_n_phys;
-    int32_t *tbo_idx;                            /* device [2 (T+1)] */
-    int32_t *tbo_idx_h;                          /* host [2 (T+1)] */
+    struct rx_tbo tbo_state;                     /* models/tbo.h */
 };
 
 /* ------------------------------------------------------------ helpers -- */
@@ -395,12 +392,7 @@ static void s_free_scratch (struct ds_model *m)
         m->k.ops->synchronize (m->k.be, m->k.stream, NULL);
     if (m->moe) m->moe_ops->destroy (m->moe);
     m->moe = NULL;
-    if (m->moe2) m->moe_ops->destroy (m->moe2);
-    m->moe2 = NULL;
-    m->moe2_n_phys = 0;
-    if (m->tbo_idx) m->k.ops->free_ (m->k.be, m->tbo_idx);
-    if (m->tbo_idx_h) m->host->free_ (m->host, m->tbo_idx_h);
-    m->tbo_idx = m->tbo_idx_h = NULL;
+    rx_tbo_free (&m->tbo_state, &m->k, m->host, m->moe_ops);
     if (m->f32_mem) m->k.ops->free_ (m->k.be, m->f32_mem);
     rx_model_stage_free (&m->stage, m->host, &m->k);
     if (m->d_topk) m->k.ops->free_ (m->k.be, m->d_topk);
@@ -659,15 +651,6 @@ static int s_split (struct ds_model *m, const struct rx_model_src *src, struct r
     return RX_OK;
 }
 
-/* Two-batch overlap: whether the dispatcher has the asynchronous ops
- * (radix/moe.h ABI 1.1); without them the micro-batches run one after the
- * other through m->moe (still correct). */
-static int s_tbo_has_async (const struct ds_model *m)
-{
-    return m->moe_ops && RX_HAS (struct rx_moe_ops, m->moe_ops, combine_wait) && m->moe_ops->dispatch_start
-           && m->moe_ops->dispatch_wait && m->moe_ops->combine_start && m->moe_ops->combine_wait;
-}
-
 static int s_create (const struct rx_host *host, const struct rx_model_src *src,
                      const struct rx_model_env *env, void **out, struct rx_err *err)
 {
@@ -789,8 +772,8 @@ static int s_create (const struct rx_host *host, const struct rx_model_src *src,
     if (m->tbo && m->n_dense < m->n_layer)
         RX_HLOG (host, RX_LOG_INFO, "%s: two-batch overlap on (%s; the %d leading dense block(s) run unsplit)",
                  src->path,
-                 s_tbo_has_async (m) ? "the dispatcher's exchanges overlap the other micro-batch"
-                                     : "the dispatcher has no asynchronous ops: micro-batches run one after the other",
+                 rx_tbo_has_async (m->moe_ops) ? "the dispatcher's exchanges overlap the other micro-batch"
+                                               : "the dispatcher has no asynchronous ops: micro-batches run one after the other",
                  m->n_dense);
     *out = m;
     return RX_OK;
@@ -819,31 +802,14 @@ static int s_info (void *p, struct rx_model_info *info)
 static int s_tbo_reserve (struct ds_model *m, struct rx_err *err)
 {
     if (!m->tbo || m->n_dense >= m->n_layer || !m->moe) return RX_OK;
-    const size_t T = (size_t) m->max_tokens;
-    if (!m->tbo_idx) {
-        void *d;
-        int rc = m->k.ops->alloc (m->k.be, 2 * (T + 1) * sizeof (int32_t), 64, &d, err);
-        if (rc != RX_OK) return rc;
-        m->tbo_idx = d;
-        if (!(m->tbo_idx_h = m->host->alloc (m->host, 2 * (T + 1) * sizeof (int32_t), 64)))
-            return rx_err_set (err, RX_ENOMEM, DS_NAME ": out of memory (two-batch overlap indices)");
-    }
-    if (!s_tbo_has_async (m) || (m->moe2 && m->moe2_n_phys == m->moe_n_phys)) return RX_OK;
-    if (m->moe2) m->moe_ops->destroy (m->moe2);
-    m->moe2 = NULL;
     struct rx_moe_config mc = {
         .struct_size = sizeof mc, .n_expert = m->moe_n_phys, .n_expert_used = m->n_used,
         .n_embd = m->n_embd, .max_tokens = m->moe_chunk, .ep_rank = m->ep_size > 1 ? m->rank : 0,
         .ep_size = m->ep_size, .kops = m->k.ops, .kbe = m->k.be, .stream = m->k.stream,
         .comm = m->ep_size > 1 ? m->comm : NULL, .comm_inst = m->ep_size > 1 ? m->comm_inst : NULL,
     };
-    int rc = m->moe_ops->create (m->moe_host, &mc, &m->moe2, err);
-    if (rc != RX_OK) {
-        m->moe2 = NULL;
-        return rc;
-    }
-    m->moe2_n_phys = m->moe_n_phys;
-    return RX_OK;
+    return rx_tbo_reserve (&m->tbo_state, &m->k, m->host, m->max_tokens, m->moe_ops, m->moe_host, &mc, DS_NAME,
+                           err);
 }
 
 static int s_reserve (void *p, uint64_t n_slots, int32_t max_tokens, struct rx_err *err)
@@ -1261,88 +1227,21 @@ static int s_logits (struct ds_model *m, const struct rx_model_batch *b, struct 
 
 /* ------------------------------------------------------ two-batch overlap -- */
 
-/* One micro-batch of s_forward_tbo: its rows [r0, r0 + n) of the step,
- * its attention batch, its dispatcher instance, and where its exchange
- * stands (so that an error can drain what is in flight). */
-struct ds_mb {
-    size_t r0, n;
-    struct rx_attn_batch ab;
-    const int32_t *d_pos, *d_new;
-    void *moe;
-    size_t c0, cn;          /* the chunk whose exchange is started */
-    int pend;               /* 0 none, 1 dispatch started, 2 combine started */
-};
-
-/* dispatch_start of the micro-batch's last chunk (without the async ops
- * nothing: the blocking dispatch runs at the wait). */
-static int s_mb_dstart (struct ds_model *m, struct ds_mb *b, struct rx_err *err)
+/* models/tbo.h's stage A for micro-batch b of MoE layer l: MLA attention
+ * + router + shared experts over its rows. */
+static int s_tbo_front (void *p, int32_t l, const struct rx_tbo_mb *b, struct rx_err *err)
 {
-    const size_t E = (size_t) m->n_embd, KK = (size_t) m->n_used, r = b->r0 + b->c0;
-    if (s_tbo_has_async (m))
-        DS_TRY (m->moe_ops->dispatch_start (b->moe, m->h + r * E, E, (int32_t) b->cn, m->d_topk + r * KK,
-                                            m->wts + r * KK, err));
-    b->pend = 1;
-    return RX_OK;
+    struct ds_model *m = p;
+    const struct ds_layer *Y = &m->layers[l];
+    DS_TRY (s_attn (m, Y, l, &b->ab, b->d_pos, b->d_new, b->r0, b->n, err));
+    DS_TRY (s_moe_route (m, Y, b->r0, b->n, err));
+    return s_moe_shared (m, Y, b->r0, b->n, err);
 }
 
-/* Stage B: dispatch_wait, the local experts, combine_start. */
-static int s_mb_dwait (struct ds_model *m, const struct ds_layer *Y, struct ds_mb *b, struct rx_err *err)
+static int s_tbo_experts (void *p, int32_t l, const struct rx_moe_routed *rt, struct rx_err *err)
 {
-    const size_t E = (size_t) m->n_embd, KK = (size_t) m->n_used, r = b->r0 + b->c0;
-    const int async = s_tbo_has_async (m);
-    struct rx_moe_routed rt = { .struct_size = sizeof rt };
-    b->pend = 0;
-    if (async) DS_TRY (m->moe_ops->dispatch_wait (b->moe, &rt, err));
-    else DS_TRY (m->moe_ops->dispatch (b->moe, m->h + r * E, E, (int32_t) b->cn, m->d_topk + r * KK,
-                                       m->wts + r * KK, &rt, err));
-    DS_TRY (s_moe_experts (m, Y, &rt, err));
-    if (async) DS_TRY (m->moe_ops->combine_start (b->moe, m->x + r * E, E, RX_MM_ACCUMULATE, err));
-    else DS_TRY (m->moe_ops->combine (b->moe, m->x + r * E, E, RX_MM_ACCUMULATE, err));
-    b->pend = async ? 2 : 0;
-    return RX_OK;
-}
-
-static int s_mb_cwait (struct ds_model *m, struct ds_mb *b, struct rx_err *err)
-{
-    if (b->pend != 2) return RX_OK;
-    b->pend = 0;
-    return m->moe_ops->combine_wait (b->moe, err);
-}
-
-/* Stage A of micro-batch b in MoE layer l: finish its previous layer's
- * combine, MLA attention + router + shared experts over its rows, every
- * chunk but the last dispatched and combined at once, the last one's
- * dispatch started.  nc: the chunks per micro-batch, the same on every
- * rank under DP attention. */
-static int s_mb_front (struct ds_model *m, const struct ds_layer *Y, int32_t l, struct ds_mb *b,
-                       size_t nc, struct rx_err *err)
-{
-    const size_t E = (size_t) m->n_embd, KK = (size_t) m->n_used, C = (size_t) m->moe_chunk;
-    DS_TRY (s_mb_cwait (m, b, err));
-    if (b->n > 0) {
-        /* attn-mla plans per batch (prepare): plan this micro-batch again,
-         * the two alternate in every layer. */
-        if (RX_HAS (struct rx_attn_ops, m->attn_ops, prepare))
-            DS_TRY (m->attn_ops->prepare (m->attn, &b->ab, err));
-        DS_TRY (s_attn (m, Y, l, &b->ab, b->d_pos, b->d_new, b->r0, b->n, err));
-        DS_TRY (s_moe_route (m, Y, b->r0, b->n, err));
-        DS_TRY (s_moe_shared (m, Y, b->r0, b->n, err));
-    }
-    for (size_t c = 0; c < nc; c++) {
-        const size_t c0 = c * C, cn = c0 >= b->n ? 0 : b->n - c0 < C ? b->n - c0 : C;
-        if (c + 1 == nc) {
-            b->c0 = c0;
-            b->cn = cn;
-            return s_mb_dstart (m, b, err);
-        }
-        const size_t r = b->r0 + c0;
-        struct rx_moe_routed rt = { .struct_size = sizeof rt };
-        DS_TRY (m->moe_ops->dispatch (b->moe, m->h + r * E, E, (int32_t) cn, m->d_topk + r * KK,
-                                      m->wts + r * KK, &rt, err));
-        DS_TRY (s_moe_experts (m, Y, &rt, err));
-        DS_TRY (m->moe_ops->combine (b->moe, m->x + r * E, E, RX_MM_ACCUMULATE, err));
-    }
-    return RX_OK;
+    struct ds_model *m = p;
+    return s_moe_experts (m, &m->layers[l], rt, err);
 }
 
 /* Whether this step runs as two micro-batches: TBO on, a model with MoE
@@ -1352,12 +1251,12 @@ static int s_mb_front (struct ds_model *m, const struct ds_layer *Y, int32_t l, 
  * calls (1 sequence: (all, empty); idle: two empties). */
 static int s_tbo_on (const struct ds_model *m, const struct rx_model_batch *b, int32_t M)
 {
-    if (!m->tbo || m->n_dense >= m->n_layer || !m->tbo_idx || !m->moe) return 0;
+    if (!m->tbo || m->n_dense >= m->n_layer || !m->tbo_state.idx || !m->moe) return 0;
     return m->dp_attn ? M > 0 : b->n_seq >= 2;
 }
 
 /* One step as two micro-batches (models/tbo.h cuts the batch at a sequence
- * boundary), model-llama's schedule per MoE layer:
+ * boundary), models/tbo.h's schedule (rx_tbo_layers) per MoE layer:
  *     A(0): combine_wait(0), MLA(0), router(0), shared experts(0), dispatch_start(0)
  *     A(1): combine_wait(1), MLA(1), router(1), shared experts(1), dispatch_start(1)
  *     B(0): dispatch_wait(0), experts(0), combine_start(0)
@@ -1374,86 +1273,38 @@ static int s_tbo_on (const struct ds_model *m, const struct rx_model_batch *b, i
  * rows from the batch's first. */
 static int s_forward_tbo (struct ds_model *m, const struct rx_model_batch *b, int32_t M, struct rx_err *err)
 {
-    const struct rx_kernels_ops *K = m->k.ops;
     const int32_t n = b->n_tokens, T = m->max_tokens;
-    int rc = RX_OK;
-    if (m->moe2_n_phys != m->moe_n_phys) DS_TRY (s_tbo_reserve (m, err));   /* placement changed */
-    struct ds_mb mb[2];
-    memset (mb, 0, sizeof mb);
-    mb[0].moe = m->moe;
-    mb[1].moe = m->moe2 && s_tbo_has_async (m) ? m->moe2 : m->moe;
+    struct rx_tbo *t = &m->tbo_state;
+    if (t->moe2_n_phys != m->moe_n_phys) DS_TRY (s_tbo_reserve (m, err));   /* placement changed */
+    struct rx_model_batch_dev dv;
+    if (n > 0) DS_TRY (rx_model_stage_upload (&m->stage, m->host, &m->k, T, b, DS_NAME, &dv, err));
+    struct rx_tbo_mb mb[2];
+    DS_TRY (rx_tbo_plan (mb, m->moe, t->moe2 && rx_tbo_has_async (m->moe_ops) ? t->moe2 : m->moe, b,
+                         n > 0 ? &dv : NULL, t, &m->k, T, err));
     struct rx_attn_batch whole = { 0 };
-    const int32_t *d_pos = NULL, *d_new = NULL;
     if (n > 0) {
-        struct rx_model_batch_dev dv;
-        DS_TRY (rx_model_stage_upload (&m->stage, m->host, &m->k, T, b, DS_NAME, &dv, err));
-        int32_t s = rx_tbo_split (b->q_start, b->n_seq);
-        if (s == 0) s = b->n_seq;   /* one sequence (DP attention): (all, empty) */
-        const int32_t t1 = b->q_start[s];
-        struct rx_model_batch sub;
-        int32_t *qs = m->tbo_idx_h, *ks = m->tbo_idx_h + T + 1;
-        rx_tbo_sub (b, s, b->n_seq, qs, ks, &sub);
-        DS_TRY (K->copy_h2d (m->k.be, m->k.stream, m->tbo_idx, m->tbo_idx_h,
-                             2 * ((size_t) T + 1) * sizeof (int32_t), err));
         whole = (struct rx_attn_batch) {
             .n_seq = b->n_seq, .n_tokens = n, .q_start = dv.q_start, .kv_start = dv.kv_start,
             .slots = dv.kv_slots, .q_pos = dv.pos,
         };
-        d_pos = dv.pos;
-        d_new = dv.new_slots;
-        mb[0].n = (size_t) t1;
-        mb[0].ab = (struct rx_attn_batch) {
-            .n_seq = s, .n_tokens = t1, .q_start = dv.q_start, .kv_start = dv.kv_start,
-            .slots = dv.kv_slots, .q_pos = dv.pos,
-        };
-        mb[0].d_pos = dv.pos;
-        mb[0].d_new = dv.new_slots;
-        mb[1].r0 = (size_t) t1;
-        mb[1].n = (size_t) (n - t1);
-        mb[1].ab = (struct rx_attn_batch) {
-            .n_seq = sub.n_seq, .n_tokens = sub.n_tokens, .q_start = m->tbo_idx,
-            .kv_start = m->tbo_idx + T + 1, .slots = dv.kv_slots + b->kv_start[s], .q_pos = dv.pos + t1,
-        };
-        mb[1].d_pos = dv.pos + t1;
-        mb[1].d_new = dv.new_slots + t1;
-        DS_TRY (K->get_rows (m->k.be, m->k.stream, m->tok_embd, dv.tokens, (size_t) n, m->x,
-                             (size_t) m->n_embd, err));
+        DS_TRY (m->k.ops->get_rows (m->k.be, m->k.stream, m->tok_embd, dv.tokens, (size_t) n, m->x,
+                                    (size_t) m->n_embd, err));
     }
     /* The leading dense blocks, unsplit. */
     if (n > 0 && m->n_dense > 0 && RX_HAS (struct rx_attn_ops, m->attn_ops, prepare))
         DS_TRY (m->attn_ops->prepare (m->attn, &whole, err));
     for (int32_t l = 0; l < m->n_dense; l++) {
-        if (n > 0) DS_TRY (s_attn (m, &m->layers[l], l, &whole, d_pos, d_new, 0, (size_t) n, err));
+        if (n > 0) DS_TRY (s_attn (m, &m->layers[l], l, &whole, dv.pos, dv.new_slots, 0, (size_t) n, err));
         DS_TRY (s_dense (m, &m->layers[l], (size_t) n, (size_t) M, err));
         if (RX_HAS (struct rx_host, m->host, progress)) m->host->progress (m->host);
     }
-    /* Chunks per micro-batch: alone from its own rows; under DP attention
-     * from the group's largest batch M (>= either micro-batch of any rank),
-     * so every rank makes the same number of dispatch calls. */
-    const size_t C = (size_t) m->moe_chunk;
-    size_t nc[2];
-    for (int i = 0; i < 2; i++) {
-        size_t rows = m->dp_attn ? (size_t) M : mb[i].n;
-        nc[i] = rows == 0 ? 1 : (rows + C - 1) / C;
-    }
-    for (int32_t l = m->n_dense; l < m->n_layer && rc == RX_OK; l++) {
-        const struct ds_layer *Y = &m->layers[l];
-        for (int i = 0; i < 2 && rc == RX_OK; i++) rc = s_mb_front (m, Y, l, &mb[i], nc[i], err);
-        for (int i = 0; i < 2 && rc == RX_OK; i++) rc = s_mb_dwait (m, Y, &mb[i], err);
-        if (RX_HAS (struct rx_host, m->host, progress)) m->host->progress (m->host);
-    }
-    for (int i = 0; i < 2 && rc == RX_OK; i++) rc = s_mb_cwait (m, &mb[i], err);
-    if (rc != RX_OK) {
-        /* Drain what is still in flight so the instances are reusable (the
-         * group is broken anyway if a collective failed). */
-        for (int i = 0; i < 2; i++) {
-            struct rx_err e2 = { 0 };
-            struct rx_moe_routed rt = { .struct_size = sizeof rt };
-            if (mb[i].pend == 1 && s_tbo_has_async (m)) m->moe_ops->dispatch_wait (mb[i].moe, &rt, &e2);
-            if (mb[i].pend == 2) m->moe_ops->combine_wait (mb[i].moe, &e2);
-        }
-        return rc;
-    }
+    const struct rx_tbo_model v = {
+        .model = m, .front = s_tbo_front, .experts = s_tbo_experts, .moe_ops = m->moe_ops,
+        .attn_ops = m->attn_ops, .attn = m->attn, .host = m->host, .h = m->h, .x = m->x, .ids = m->d_topk,
+        .wts = m->wts, .E = (size_t) m->n_embd, .k = (size_t) m->n_used, .chunk = (size_t) m->moe_chunk,
+        .dp_attn = m->dp_attn,
+    };
+    DS_TRY (rx_tbo_layers (&v, mb, m->n_dense, m->n_layer, M, err));
     return n > 0 ? s_logits (m, b, err) : RX_OK;
 }
 

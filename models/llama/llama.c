@@ -166,10 +166,7 @@ struct ll_model {
      * flight per instance), made by reserve() when the dispatcher has the
      * asynchronous ops, and micro-batch 1's rebased q_start / kv_start. */
     int32_t tbo;
-    void *moe2;
-    int32_t moe2_n_phys;                         /* its n_expert (re-made when moe_n_phys changes) */
-    int32_t *tbo_idx;                            /* device [2 (T+1)] */
-    int32_t *tbo_idx_h;                          /* host [2 (T+1)] */
+    struct rx_tbo tbo_state;                     /* moe2 re-made when moe_n_phys changes */
 };
 
 /* ------------------------------------------------------------ helpers -- */
@@ -431,12 +428,7 @@ static void s_free_scratch (struct ll_model *m)
         m->k.ops->synchronize (m->k.be, m->k.stream, NULL);
     if (m->moe) m->moe_ops->destroy (m->moe);
     m->moe = NULL;
-    if (m->moe2) m->moe_ops->destroy (m->moe2);
-    m->moe2 = NULL;
-    m->moe2_n_phys = 0;
-    if (m->tbo_idx) m->k.ops->free_ (m->k.be, m->tbo_idx);
-    if (m->tbo_idx_h) m->host->free_ (m->host, m->tbo_idx_h);
-    m->tbo_idx = m->tbo_idx_h = NULL;
+    rx_tbo_free (&m->tbo_state, &m->k, m->host, m->moe_ops);
     m->moe_chunk = 0;
     m->moe_n_phys = 0;
     if (m->f32_mem) m->k.ops->free_ (m->k.be, m->f32_mem);
@@ -703,8 +695,6 @@ static int s_split (struct ll_model *m, const struct rx_model_src *src, struct r
     return RX_OK;
 }
 
-static int s_tbo_has_async (const struct ll_model *m);
-
 static int s_create (const struct rx_host *host, const struct rx_model_src *src,
                      const struct rx_model_env *env, void **out, struct rx_err *err)
 {
@@ -811,8 +801,8 @@ static int s_create (const struct rx_host *host, const struct rx_model_src *src,
              m->output == m->tok_embd ? "tied" : "separate");
     if (m->tbo && m->n_expert > 0)
         RX_HLOG (host, RX_LOG_INFO, "%s: two-batch overlap on (%s)", src->path,
-                 s_tbo_has_async (m) ? "the dispatcher's exchanges overlap the other micro-batch"
-                                     : "the dispatcher has no asynchronous ops: micro-batches run one after the other");
+                 rx_tbo_has_async (m->moe_ops) ? "the dispatcher's exchanges overlap the other micro-batch"
+                                               : "the dispatcher has no asynchronous ops: micro-batches run one after the other");
     *out = m;
     return RX_OK;
 }
@@ -833,46 +823,22 @@ static int s_info (void *p, struct rx_model_info *info)
     return RX_OK;
 }
 
-/* Two-batch overlap: micro-batch 1's dispatcher instance (the same config
- * as m->moe's) and the rebased index arrays; nothing when TBO is off, the
- * model dense, or the dispatcher without the asynchronous ops (then the
- * micro-batches run one after the other through m->moe: still correct). */
-static int s_tbo_has_async (const struct ll_model *m)
-{
-    return RX_HAS (struct rx_moe_ops, m->moe_ops, combine_wait) && m->moe_ops->dispatch_start
-           && m->moe_ops->dispatch_wait && m->moe_ops->combine_start && m->moe_ops->combine_wait;
-}
-
+/* Two-batch overlap (models/tbo.h): micro-batch 1's dispatcher instance
+ * (the same config as m->moe's) and the rebased index arrays; nothing when
+ * TBO is off or the model dense, no second instance without the
+ * asynchronous ops (then the micro-batches run one after the other through
+ * m->moe: still correct). */
 static int s_tbo_reserve (struct ll_model *m, struct rx_err *err)
 {
     if (!m->tbo || m->n_expert == 0 || !m->moe) return RX_OK;
-    const size_t T = (size_t) m->max_tokens;
-    if (!m->tbo_idx) {
-        void *d;
-        int rc = m->k.ops->alloc (m->k.be, 2 * (T + 1) * sizeof (int32_t), 64, &d, err);
-        if (rc != RX_OK) return rc;
-        m->tbo_idx = d;
-        if (!(m->tbo_idx_h = m->host->alloc (m->host, 2 * (T + 1) * sizeof (int32_t), 64)))
-            return rx_err_set (err, RX_ENOMEM, "model-llama: out of memory (two-batch overlap indices)");
-    }
-    if (!s_tbo_has_async (m) || (m->moe2 && m->moe2_n_phys == m->moe_n_phys)) return RX_OK;
-    if (m->moe2) {
-        m->moe_ops->destroy (m->moe2);
-        m->moe2 = NULL;
-    }
     struct rx_moe_config mc = {
         .struct_size = sizeof mc, .n_expert = m->moe_n_phys, .n_expert_used = m->n_expert_used,
         .n_embd = m->n_embd, .max_tokens = m->moe_chunk, .ep_rank = m->ep_size > 1 ? m->rank : 0,
         .ep_size = m->ep_size, .kops = m->k.ops, .kbe = m->k.be, .stream = m->k.stream,
         .comm = m->ep_size > 1 ? m->comm : NULL, .comm_inst = m->ep_size > 1 ? m->comm_inst : NULL,
     };
-    int rc = m->moe_ops->create (m->moe_host, &mc, &m->moe2, err);
-    if (rc != RX_OK) {
-        m->moe2 = NULL;
-        return rc;
-    }
-    m->moe2_n_phys = m->moe_n_phys;
-    return RX_OK;
+    return rx_tbo_reserve (&m->tbo_state, &m->k, m->host, m->max_tokens, m->moe_ops, m->moe_host, &mc,
+                           "model-llama", err);
 }
 
 static int s_reserve (void *p, uint64_t n_slots, int32_t max_tokens, struct rx_err *err)
@@ -1163,85 +1129,19 @@ static int s_logits (struct ll_model *m, const struct rx_model_batch *b, struct 
 
 /* ------------------------------------------------------ two-batch overlap -- */
 
-/* One micro-batch of s_forward_tbo: its rows [r0, r0 + n) of the step,
- * its attention batch, its dispatcher instance, and where its exchange
- * stands (so that an error can drain what is in flight). */
-struct ll_mb {
-    size_t r0, n;
-    struct rx_attn_batch ab;
-    const int32_t *d_pos, *d_new;
-    void *moe;
-    size_t c0, cn;          /* the chunk whose exchange is started */
-    int pend;               /* 0 none, 1 dispatch started, 2 combine started */
-};
-
-/* dispatch / combine of the last chunk of a micro-batch, started (async
- * ops) or, without them, done at the wait (sequential, still correct). */
-static int s_mb_dstart (struct ll_model *m, struct ll_mb *b, struct rx_err *err)
+/* models/tbo.h's stage A for micro-batch b of layer l: attention + router
+ * over its rows. */
+static int s_tbo_front (void *p, int32_t l, const struct rx_tbo_mb *b, struct rx_err *err)
 {
-    const size_t E = (size_t) m->n_embd, KU = (size_t) m->n_expert_used, r = b->r0 + b->c0;
-    if (s_tbo_has_async (m))
-        LL_TRY (m->moe_ops->dispatch_start (b->moe, m->h + r * E, E, (int32_t) b->cn, m->topi + r * KU,
-                                            m->topw + r * KU, err));
-    b->pend = 1;
-    return RX_OK;
+    struct ll_model *m = p;
+    LL_TRY (s_attn (m, &m->layers[l], l, &b->ab, b->d_pos, b->d_new, b->r0, b->n, err));
+    return s_moe_route (m, &m->layers[l], b->r0, b->n, err);
 }
 
-static int s_mb_dwait (struct ll_model *m, const struct ll_layer *L, struct ll_mb *b, struct rx_err *err)
+static int s_tbo_experts (void *p, int32_t l, const struct rx_moe_routed *rt, struct rx_err *err)
 {
-    const size_t E = (size_t) m->n_embd, KU = (size_t) m->n_expert_used, r = b->r0 + b->c0;
-    struct rx_moe_routed rt = { .struct_size = sizeof rt };
-    b->pend = 0;
-    if (s_tbo_has_async (m)) LL_TRY (m->moe_ops->dispatch_wait (b->moe, &rt, err));
-    else LL_TRY (m->moe_ops->dispatch (b->moe, m->h + r * E, E, (int32_t) b->cn, m->topi + r * KU,
-                                       m->topw + r * KU, &rt, err));
-    LL_TRY (s_moe_experts (m, L, &rt, err));
-    const int async = s_tbo_has_async (m);
-    if (async) LL_TRY (m->moe_ops->combine_start (b->moe, m->x + r * E, E, RX_MM_ACCUMULATE, err));
-    else LL_TRY (m->moe_ops->combine (b->moe, m->x + r * E, E, RX_MM_ACCUMULATE, err));
-    b->pend = async ? 2 : 0;
-    return RX_OK;
-}
-
-static int s_mb_cwait (struct ll_model *m, struct ll_mb *b, struct rx_err *err)
-{
-    if (b->pend != 2) return RX_OK;
-    b->pend = 0;
-    return m->moe_ops->combine_wait (b->moe, err);
-}
-
-/* Stage A of micro-batch b in layer l: finish its previous layer's combine,
- * attention + router over its rows, every chunk but the last dispatched and
- * combined at once, the last one's dispatch started.  nc: the chunks per
- * micro-batch, the same on every rank under DP attention. */
-static int s_mb_front (struct ll_model *m, const struct ll_layer *L, int32_t l, struct ll_mb *b,
-                       size_t nc, struct rx_err *err)
-{
-    const size_t E = (size_t) m->n_embd, KU = (size_t) m->n_expert_used, C = (size_t) m->moe_chunk;
-    LL_TRY (s_mb_cwait (m, b, err));
-    if (b->n > 0) {
-        /* A backend that plans per batch (prepare) plans this micro-batch
-         * again: the two alternate in every layer. */
-        if (RX_HAS (struct rx_attn_ops, m->attn_ops, prepare))
-            LL_TRY (m->attn_ops->prepare (m->attn, &b->ab, err));
-        LL_TRY (s_attn (m, L, l, &b->ab, b->d_pos, b->d_new, b->r0, b->n, err));
-        LL_TRY (s_moe_route (m, L, b->r0, b->n, err));
-    }
-    for (size_t c = 0; c < nc; c++) {
-        const size_t c0 = c * C, cn = c0 >= b->n ? 0 : b->n - c0 < C ? b->n - c0 : C;
-        if (c + 1 == nc) {
-            b->c0 = c0;
-            b->cn = cn;
-            return s_mb_dstart (m, b, err);
-        }
-        const size_t r = b->r0 + c0;
-        struct rx_moe_routed rt = { .struct_size = sizeof rt };
-        LL_TRY (m->moe_ops->dispatch (b->moe, m->h + r * E, E, (int32_t) cn, m->topi + r * KU,
-                                      m->topw + r * KU, &rt, err));
-        LL_TRY (s_moe_experts (m, L, &rt, err));
-        LL_TRY (m->moe_ops->combine (b->moe, m->x + r * E, E, RX_MM_ACCUMULATE, err));
-    }
-    return RX_OK;
+    struct ll_model *m = p;
+    return s_moe_experts (m, &m->layers[l], rt, err);
 }
 
 /* Whether this step runs as two micro-batches: an MoE model with TBO on,
@@ -1251,88 +1151,33 @@ static int s_mb_front (struct ll_model *m, const struct ll_layer *L, int32_t l, 
  * two empties). */
 static int s_tbo_on (const struct ll_model *m, const struct rx_model_batch *b, int32_t M)
 {
-    if (!m->tbo || m->n_expert == 0 || !m->tbo_idx) return 0;
+    if (!m->tbo || m->n_expert == 0 || !m->tbo_state.idx) return 0;
     return m->dp_attn ? M > 0 : b->n_seq >= 2;
 }
 
-/* One step as two micro-batches (models/tbo.h cuts the batch at a sequence
- * boundary).  Per layer, SGLang's "operations with yield points" as a fixed
- * schedule:
- *     A(0): attention(0), router(0), dispatch_start(0)
- *     A(1): attention(1), router(1), dispatch_start(1)   <- 0's rows in flight
- *     B(0): dispatch_wait(0), experts(0), combine_start(0) <- 1's rows in flight
- *     B(1): dispatch_wait(1), experts(1), combine_start(1) <- 0's combine in flight
- * and the next layer's A(b) begins with combine_wait(b), so micro-batch 1's
- * combine overlaps micro-batch 0's next attention.  Every rank issues the
- * dispatcher's collectives in this one order.  The results equal the
- * one-batch forward: rows never mix across sequences outside the MoE, and
- * each token's expert sum has a fixed order (radix/moe.h). */
+/* One step as two micro-batches: every layer is MoE, so all run on
+ * models/tbo.h's schedule (rx_tbo_layers), then the logits once on the
+ * whole batch. */
 static int s_forward_tbo (struct ll_model *m, const struct rx_model_batch *b, int32_t M, struct rx_err *err)
 {
-    const struct rx_kernels_ops *K = m->k.ops;
     const int32_t n = b->n_tokens, T = m->max_tokens;
-    int rc = RX_OK;
-    if (m->moe2_n_phys != m->moe_n_phys) LL_TRY (s_tbo_reserve (m, err));   /* placement changed */
-    struct ll_mb mb[2];
-    memset (mb, 0, sizeof mb);
-    mb[0].moe = m->moe;
-    mb[1].moe = m->moe2 && s_tbo_has_async (m) ? m->moe2 : m->moe;
-    if (n > 0) {
-        struct rx_model_batch_dev dv;
-        LL_TRY (rx_model_stage_upload (&m->stage, m->host, &m->k, T, b, "model-llama", &dv, err));
-        int32_t s = rx_tbo_split (b->q_start, b->n_seq);
-        if (s == 0) s = b->n_seq;   /* one sequence (DP attention): (all, empty) */
-        const int32_t t1 = b->q_start[s];
-        struct rx_model_batch sub;
-        int32_t *qs = m->tbo_idx_h, *ks = m->tbo_idx_h + T + 1;
-        rx_tbo_sub (b, s, b->n_seq, qs, ks, &sub);
-        LL_TRY (K->copy_h2d (m->k.be, m->k.stream, m->tbo_idx, m->tbo_idx_h,
-                             2 * ((size_t) T + 1) * sizeof (int32_t), err));
-        mb[0].n = (size_t) t1;
-        mb[0].ab = (struct rx_attn_batch) {
-            .n_seq = s, .n_tokens = t1, .q_start = dv.q_start, .kv_start = dv.kv_start,
-            .slots = dv.kv_slots, .q_pos = dv.pos,
-        };
-        mb[0].d_pos = dv.pos;
-        mb[0].d_new = dv.new_slots;
-        mb[1].r0 = (size_t) t1;
-        mb[1].n = (size_t) (n - t1);
-        mb[1].ab = (struct rx_attn_batch) {
-            .n_seq = sub.n_seq, .n_tokens = sub.n_tokens, .q_start = m->tbo_idx,
-            .kv_start = m->tbo_idx + T + 1, .slots = dv.kv_slots + b->kv_start[s], .q_pos = dv.pos + t1,
-        };
-        mb[1].d_pos = dv.pos + t1;
-        mb[1].d_new = dv.new_slots + t1;
-        LL_TRY (K->get_rows (m->k.be, m->k.stream, m->tok_embd, dv.tokens, (size_t) n, m->x,
-                             (size_t) m->n_embd, err));
-    }
-    /* Chunks per micro-batch: alone from its own rows; under DP attention
-     * from the group's largest batch M (>= either micro-batch of any rank),
-     * so every rank makes the same number of dispatch calls. */
-    const size_t C = (size_t) m->moe_chunk;
-    size_t nc[2];
-    for (int i = 0; i < 2; i++) {
-        size_t rows = m->dp_attn ? (size_t) M : mb[i].n;
-        nc[i] = rows == 0 ? 1 : (rows + C - 1) / C;
-    }
-    for (int32_t l = 0; l < m->n_layer && rc == RX_OK; l++) {
-        const struct ll_layer *L = &m->layers[l];
-        for (int i = 0; i < 2 && rc == RX_OK; i++) rc = s_mb_front (m, L, l, &mb[i], nc[i], err);
-        for (int i = 0; i < 2 && rc == RX_OK; i++) rc = s_mb_dwait (m, L, &mb[i], err);
-        if (RX_HAS (struct rx_host, m->host, progress)) m->host->progress (m->host);
-    }
-    for (int i = 0; i < 2 && rc == RX_OK; i++) rc = s_mb_cwait (m, &mb[i], err);
-    if (rc != RX_OK) {
-        /* Drain what is still in flight so the instances are reusable (the
-         * group is broken anyway if a collective failed). */
-        for (int i = 0; i < 2; i++) {
-            struct rx_err e2 = { 0 };
-            struct rx_moe_routed rt = { .struct_size = sizeof rt };
-            if (mb[i].pend == 1 && s_tbo_has_async (m)) m->moe_ops->dispatch_wait (mb[i].moe, &rt, &e2);
-            if (mb[i].pend == 2) m->moe_ops->combine_wait (mb[i].moe, &e2);
-        }
-        return rc;
-    }
+    struct rx_tbo *t = &m->tbo_state;
+    if (t->moe2_n_phys != m->moe_n_phys) LL_TRY (s_tbo_reserve (m, err));   /* placement changed */
+    struct rx_model_batch_dev dv;
+    if (n > 0) LL_TRY (rx_model_stage_upload (&m->stage, m->host, &m->k, T, b, "model-llama", &dv, err));
+    struct rx_tbo_mb mb[2];
+    LL_TRY (rx_tbo_plan (mb, m->moe, t->moe2 && rx_tbo_has_async (m->moe_ops) ? t->moe2 : m->moe, b,
+                         n > 0 ? &dv : NULL, t, &m->k, T, err));
+    if (n > 0)
+        LL_TRY (m->k.ops->get_rows (m->k.be, m->k.stream, m->tok_embd, dv.tokens, (size_t) n, m->x,
+                                    (size_t) m->n_embd, err));
+    const struct rx_tbo_model v = {
+        .model = m, .front = s_tbo_front, .experts = s_tbo_experts, .moe_ops = m->moe_ops,
+        .attn_ops = m->attn_ops, .attn = m->attn, .host = m->host, .h = m->h, .x = m->x, .ids = m->topi,
+        .wts = m->topw, .E = (size_t) m->n_embd, .k = (size_t) m->n_expert_used,
+        .chunk = (size_t) m->moe_chunk, .dp_attn = m->dp_attn,
+    };
+    LL_TRY (rx_tbo_layers (&v, mb, 0, m->n_layer, M, err));
     return n > 0 ? s_logits (m, b, err) : RX_OK;
 }
 

@@ -5,6 +5,12 @@
  *   half, ties to the smaller index): never inside a sequence, decode at
  *   half the requests, 1 sequence and empty batches not split, and
  *   rx_tbo_sub's rebased arrays.
+ * schedule: models/tbo.h's micro-batch schedule (rx_tbo_plan,
+ *   rx_tbo_layers) against a recording mock dispatcher and model: the
+ *   call order of its comment, written out here, with the asynchronous ops
+ *   and the sequential fallback; under DP attention a rank with an empty
+ *   micro-batch or none makes the same dispatcher calls; an error drains
+ *   what is in flight and is returned as raised.
  * dispatcher: the asynchronous ops of radix/moe.h (dispatch_start/wait,
  *   combine_start/wait) of every MoE plugin at ep_size 1, two instances
  *   with exchanges interleaved as the model runs them, give bitwise the
@@ -34,6 +40,8 @@
 #include <jansson.h>
 #include <math.h>
 #include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -170,6 +178,352 @@ Test (split, sub_batch_is_rebased)
     cr_assert_eq (ks[1], 7);
     cr_assert_eq (ks[2], 8);
     cr_assert_eq (sub.n_out, 0);
+}
+
+/* ---------------------------------------------------------- schedule -- */
+
+/* models/tbo.h's schedule (rx_tbo_plan, rx_tbo_layers) against a recording
+ * dispatcher and model: the op order of its comment, written out by hand
+ * here, for the asynchronous ops and the sequential fallback; under DP
+ * attention an empty or idle micro-batch makes the same dispatcher calls as
+ * a busy one; an error drains what is in flight.  One token per call:
+ *   D<i>:<row>+<n> dispatch   S<i>:<row>+<n> dispatch_start   W<i> dispatch_wait
+ *   C<i>:<row> combine        c<i>:<row> combine_start        w<i> combine_wait
+ *   P<n> attention prepare    F<l>:<row>+<n> model front      E<l> experts
+ *   | progress (end of a layer)
+ * (i: the dispatcher instance; row: the step row its x / out points at). */
+
+#define S_E 4
+#define S_K 2
+#define S_ROWS 16
+
+static char s_trace[4096];
+static const char *s_fail_tok;          /* the call that fails (RX_EIO), NULL none */
+static int s_inst[2];                   /* the two instances: &s_inst[i] */
+static int s_pend_d[2], s_pend_c[2];    /* in flight per instance */
+static float s_h[S_ROWS * S_E], s_x[S_ROWS * S_E], s_wts[S_ROWS * S_K];
+static int32_t s_ids[S_ROWS * S_K];
+
+static int s_rec (struct rx_err *err, const char *fmt, ...)
+{
+    char tok[64];
+    va_list ap;
+    va_start (ap, fmt);
+    vsnprintf (tok, sizeof tok, fmt, ap);
+    va_end (ap);
+    size_t len = strlen (s_trace);
+    snprintf (s_trace + len, sizeof s_trace - len, "%s%s", len ? " " : "", tok);
+    if (s_fail_tok && strcmp (tok, s_fail_tok) == 0) return rx_err_set (err, RX_EIO, "mock: %s failed", tok);
+    return RX_OK;
+}
+
+static int s_inst_of (void *moe)
+{
+    int i = (int) ((int *) moe - s_inst);
+    cr_assert (i == 0 || i == 1, "not one of the two instances");
+    return i;
+}
+
+static size_t s_row_of (const float *p, const float *base)
+{
+    size_t off = (size_t) (p - base);
+    cr_assert_eq (off % S_E, 0);
+    return off / S_E;
+}
+
+static void s_check_rows (const float *x, size_t ldx, const int32_t *ids, const float *w, size_t *r)
+{
+    *r = s_row_of (x, s_h);
+    cr_assert_eq (ldx, S_E);
+    cr_assert_eq (ids, s_ids + *r * S_K, "ids not the dispatched rows'");
+    cr_assert_eq (w, s_wts + *r * S_K, "weights not the dispatched rows'");
+}
+
+static int s_m_dispatch (void *moe, const float *x, size_t ldx, int32_t n, const int32_t *ids, const float *w,
+                         struct rx_moe_routed *rt, struct rx_err *err)
+{
+    int i = s_inst_of (moe);
+    size_t r;
+    s_check_rows (x, ldx, ids, w, &r);
+    cr_assert (!s_pend_d[i] && !s_pend_c[i], "blocking dispatch with an exchange in flight");
+    rt->n_rows = n;
+    return s_rec (err, "D%d:%zu+%d", i, r, n);
+}
+
+static int s_m_combine (void *moe, float *out, size_t ldo, uint32_t flags, struct rx_err *err)
+{
+    cr_assert_eq (flags, RX_MM_ACCUMULATE);
+    cr_assert_eq (ldo, S_E);
+    return s_rec (err, "C%d:%zu", s_inst_of (moe), s_row_of (out, s_x));
+}
+
+static int s_m_dstart (void *moe, const float *x, size_t ldx, int32_t n, const int32_t *ids, const float *w,
+                       struct rx_err *err)
+{
+    int i = s_inst_of (moe);
+    size_t r;
+    s_check_rows (x, ldx, ids, w, &r);
+    cr_assert (!s_pend_d[i] && !s_pend_c[i], "instance %d: a second exchange started", i);
+    int rc = s_rec (err, "S%d:%zu+%d", i, r, n);
+    if (rc == RX_OK) s_pend_d[i] = 1;
+    return rc;
+}
+
+static int s_m_dwait (void *moe, struct rx_moe_routed *rt, struct rx_err *err)
+{
+    int i = s_inst_of (moe);
+    cr_assert (s_pend_d[i], "instance %d: dispatch_wait with nothing started", i);
+    s_pend_d[i] = 0;   /* a failed wait ends the exchange too */
+    return s_rec (err, "W%d", i);
+}
+
+static int s_m_cstart (void *moe, float *out, size_t ldo, uint32_t flags, struct rx_err *err)
+{
+    int i = s_inst_of (moe);
+    cr_assert_eq (flags, RX_MM_ACCUMULATE);
+    cr_assert (!s_pend_d[i] && !s_pend_c[i], "instance %d: combine_start out of order", i);
+    int rc = s_rec (err, "c%d:%zu", i, s_row_of (out, s_x));
+    if (rc == RX_OK) s_pend_c[i] = 1;
+    return rc;
+}
+
+static int s_m_cwait (void *moe, struct rx_err *err)
+{
+    int i = s_inst_of (moe);
+    cr_assert (s_pend_c[i], "instance %d: combine_wait with nothing started", i);
+    s_pend_c[i] = 0;
+    return s_rec (err, "w%d", i);
+}
+
+static int s_m_prepare (void *attn, const struct rx_attn_batch *b, struct rx_err *err)
+{
+    return s_rec (err, "P%d", b->n_tokens);
+}
+
+static int s_m_front (void *model, int32_t l, const struct rx_tbo_mb *b, struct rx_err *err)
+{
+    cr_assert_eq (model, (void *) s_trace);
+    cr_assert_gt (b->n, 0, "front of an empty micro-batch");
+    return s_rec (err, "F%d:%zu+%zu", l, b->r0, b->n);
+}
+
+static int s_m_experts (void *model, int32_t l, const struct rx_moe_routed *rt, struct rx_err *err)
+{
+    return s_rec (err, "E%d", l);
+}
+
+static void s_m_progress (const struct rx_host *h)
+{
+    size_t len = strlen (s_trace);
+    snprintf (s_trace + len, sizeof s_trace - len, "%s|", len ? " " : "");
+}
+
+static int s_m_copy_h2d (void *be, rx_kstream_t *s, void *dst, const void *src, size_t bytes, struct rx_err *err)
+{
+    memcpy (dst, src, bytes);
+    return RX_OK;
+}
+
+static const struct rx_moe_ops s_m_moe = {
+    .struct_size = sizeof s_m_moe, .dispatch = s_m_dispatch, .combine = s_m_combine,
+    .dispatch_start = s_m_dstart, .dispatch_wait = s_m_dwait, .combine_start = s_m_cstart,
+    .combine_wait = s_m_cwait,
+};
+/* The same table as an ABI 1.0 dispatcher: no asynchronous ops. */
+static const struct rx_moe_ops s_m_moe_sync = {
+    .struct_size = RX_MOE_OPS_SIZE_1_0, .dispatch = s_m_dispatch, .combine = s_m_combine,
+};
+static const struct rx_attn_ops s_m_attn = { .struct_size = sizeof s_m_attn, .prepare = s_m_prepare };
+static struct rx_host s_m_host;
+static struct rx_kernels_ops s_m_kops;
+
+/* A step of n_seq sequences of len[] rows (n_seq 0: idle) through
+ * rx_tbo_plan and rx_tbo_layers over layers [0, n_layer); the trace is
+ * left in s_trace, the return code returned, err filled. */
+static int s_sched (const struct rx_moe_ops *mo, int dp_attn, int32_t M, const int32_t *len, int32_t n_seq,
+                    int32_t n_layer, size_t chunk, struct rx_err *err)
+{
+    enum { T = 8 };
+    int32_t tok[T] = { 0 }, pos[T] = { 0 }, q[T + 1] = { 0 }, kv[T + 1] = { 0 }, slots[T];
+    for (int32_t s = 0; s < n_seq; s++) {
+        q[s + 1] = q[s] + len[s];
+        kv[s + 1] = kv[s] + len[s];
+    }
+    for (int i = 0; i < T; i++) slots[i] = i;
+    const struct rx_model_batch b = {
+        .struct_size = sizeof b, .n_tokens = q[n_seq], .tokens = tok, .pos = pos, .n_seq = n_seq,
+        .q_start = q, .kv_start = kv, .kv_slots = slots,
+    };
+    /* Host arrays stand in for the device ones (the mock copies). */
+    const struct rx_model_batch_dev dv = {
+        .tokens = tok, .pos = pos, .new_slots = slots, .q_start = q, .kv_start = kv, .kv_slots = slots,
+    };
+    static int32_t idx[2 * (T + 1)], idx_h[2 * (T + 1)];
+    struct rx_tbo t = { .idx = idx, .idx_h = idx_h };
+    s_m_kops = (struct rx_kernels_ops) { .struct_size = sizeof s_m_kops, .copy_h2d = s_m_copy_h2d };
+    s_m_host = (struct rx_host) { .struct_size = sizeof s_m_host, .progress = s_m_progress };
+    const struct rx_kctx k = { .ops = &s_m_kops };
+    s_trace[0] = '\0';
+    memset (s_pend_d, 0, sizeof s_pend_d);
+    memset (s_pend_c, 0, sizeof s_pend_c);
+    const int async = rx_tbo_has_async (mo);
+    struct rx_tbo_mb mb[2];
+    int rc = rx_tbo_plan (mb, &s_inst[0], &s_inst[async ? 1 : 0], &b, n_seq > 0 ? &dv : NULL, &t, &k, T, err);
+    cr_assert_eq (rc, RX_OK, "%s", err->msg);
+    const struct rx_tbo_model v = {
+        .model = s_trace, .front = s_m_front, .experts = s_m_experts, .moe_ops = mo, .attn_ops = &s_m_attn,
+        .host = &s_m_host, .h = s_h, .x = s_x, .ids = s_ids, .wts = s_wts, .E = S_E, .k = S_K,
+        .chunk = chunk, .dp_attn = dp_attn,
+    };
+    rc = rx_tbo_layers (&v, mb, 0, n_layer, M, err);
+    for (int i = 0; i < 2; i++)
+        cr_assert (!s_pend_d[i] && !s_pend_c[i], "instance %d: an exchange left in flight (rc %d)", i, rc);
+    return rc;
+}
+
+/* The dispatcher calls only (what every rank must issue alike), without rows. */
+static void s_collectives (char *out, size_t cap)
+{
+    char tmp[sizeof s_trace];
+    snprintf (tmp, sizeof tmp, "%s", s_trace);
+    out[0] = '\0';
+    for (char *save = NULL, *tk = strtok_r (tmp, " ", &save); tk; tk = strtok_r (NULL, " ", &save)) {
+        if (!strchr ("DSWCcw", tk[0])) continue;
+        size_t len = strlen (out);
+        snprintf (out + len, cap - len, "%s%.2s", len ? " " : "", tk);
+    }
+}
+
+/* Micro-batch b: rows [r0, r0 + n) through instance moe, an attention
+ * batch of n_seq sequences over these device arrays, nothing in flight. */
+static void s_check_mb (const struct rx_tbo_mb *b, size_t r0, size_t n, void *moe, int32_t n_seq,
+                        const int32_t *q_start, const int32_t *kv_start, const int32_t *slots, const int32_t *pos,
+                        const int32_t *new_slots)
+{
+    cr_assert_eq (b->r0, r0);
+    cr_assert_eq (b->n, n);
+    cr_assert_eq (b->moe, moe);
+    cr_assert_eq (b->pend, 0);
+    cr_assert_eq (b->ab.n_seq, n_seq);
+    cr_assert_eq (b->ab.n_tokens, (int32_t) n);
+    cr_assert_eq (b->ab.q_start, q_start);
+    cr_assert_eq (b->ab.kv_start, kv_start);
+    cr_assert_eq (b->ab.slots, slots);
+    cr_assert_eq (b->ab.q_pos, pos);
+    cr_assert_eq (b->d_pos, pos);
+    cr_assert_eq (b->d_new, new_slots);
+}
+
+Test (schedule, plan_cuts_and_rebases_micro_batch_1)
+{
+    /* 3 sequences of 3, 1, 1 rows: cut at 1 (|6-5| < |8-5|). */
+    int32_t tok[5] = { 0 }, pos[5] = { 0, 1, 2, 7, 4 }, q[4] = { 0, 3, 4, 5 }, kv[4] = { 0, 3, 11, 16 }, slots[16];
+    for (int i = 0; i < 16; i++) slots[i] = 50 + i;
+    const struct rx_model_batch b = {
+        .struct_size = sizeof b, .n_tokens = 5, .tokens = tok, .pos = pos, .n_seq = 3,
+        .q_start = q, .kv_start = kv, .kv_slots = slots,
+    };
+    int32_t nslot[5] = { 0 };
+    const struct rx_model_batch_dev dv = {
+        .tokens = tok, .pos = pos, .new_slots = nslot, .q_start = q, .kv_start = kv, .kv_slots = slots,
+    };
+    enum { T = 6 };
+    int32_t idx[2 * (T + 1)], idx_h[2 * (T + 1)];
+    memset (idx, 0xff, sizeof idx);
+    struct rx_tbo t = { .idx = idx, .idx_h = idx_h };
+    s_m_kops = (struct rx_kernels_ops) { .struct_size = sizeof s_m_kops, .copy_h2d = s_m_copy_h2d };
+    const struct rx_kctx k = { .ops = &s_m_kops };
+    struct rx_tbo_mb mb[2];
+    struct rx_err err = { 0 };
+    cr_assert_eq (rx_tbo_plan (mb, &s_inst[0], &s_inst[1], &b, &dv, &t, &k, T, &err), RX_OK, "%s", err.msg);
+    s_check_mb (&mb[0], 0, 3, &s_inst[0], 1, q, kv, slots, pos, nslot);
+    s_check_mb (&mb[1], 3, 2, &s_inst[1], 2, idx, idx + T + 1, slots + 3, pos + 3, nslot + 3);
+    /* uploaded: q_start 0 1 2, kv_start 0 8 13 (rebased from 3) */
+    cr_assert_eq (idx[0], 0);
+    cr_assert_eq (idx[1], 1);
+    cr_assert_eq (idx[2], 2);
+    cr_assert_eq (idx[T + 1], 0);
+    cr_assert_eq (idx[T + 2], 8);
+    cr_assert_eq (idx[T + 3], 13);
+    /* idle: two empty micro-batches, nothing uploaded */
+    const struct rx_model_batch idle = { .struct_size = sizeof idle };
+    memset (idx, 0xff, sizeof idx);
+    cr_assert_eq (rx_tbo_plan (mb, &s_inst[0], &s_inst[0], &idle, NULL, &t, &k, T, &err), RX_OK);
+    cr_assert_eq (mb[0].n + mb[1].n + mb[0].r0 + mb[1].r0, 0);
+    cr_assert_eq (mb[1].moe, &s_inst[0]);
+    cr_assert_eq (idx[0], -1);
+}
+
+Test (schedule, async_order_alone)
+{
+    /* (3, 2) rows, chunks of 2: micro-batch 0 in 2 chunks (the first
+     * blocking), micro-batch 1 in one. */
+    const int32_t len[3] = { 3, 1, 1 };
+    struct rx_err err = { 0 };
+    cr_assert_eq (s_sched (&s_m_moe, 0, 0, len, 3, 2, 2, &err), RX_OK, "%s", err.msg);
+    cr_assert_str_eq (s_trace,
+                      "P3 F0:0+3 D0:0+2 E0 C0:0 S0:2+1 P2 F0:3+2 S1:3+2 W0 E0 c0:2 W1 E0 c1:3 | "
+                      "w0 P3 F1:0+3 D0:0+2 E1 C0:0 S0:2+1 w1 P2 F1:3+2 S1:3+2 W0 E1 c0:2 W1 E1 c1:3 | "
+                      "w0 w1");
+}
+
+Test (schedule, sync_fallback_runs_one_after_the_other)
+{
+    const int32_t len[3] = { 3, 1, 1 };
+    struct rx_err err = { 0 };
+    cr_assert_eq (s_sched (&s_m_moe_sync, 0, 0, len, 3, 1, 2, &err), RX_OK, "%s", err.msg);
+    cr_assert_str_eq (s_trace, "P3 F0:0+3 D0:0+2 E0 C0:0 P2 F0:3+2 D0:2+1 E0 C0:2 D0:3+2 E0 C0:3 |");
+}
+
+Test (schedule, dp_empty_and_idle_make_the_same_calls)
+{
+    /* Under DP attention with the group's largest batch M = 3 and chunks of
+     * 2, every micro-batch makes 2 dispatches a layer: a rank with one
+     * sequence of 3 rows ((all, empty)), one with 2 + 1, an idle one. */
+    const char *want = "D0 C0 S0 D1 C1 S1 W0 c0 W1 c1 w0 D0 C0 S0 w1 D1 C1 S1 W0 c0 W1 c1 w0 w1";
+    char got[512];
+    struct rx_err err = { 0 };
+    const int32_t one[1] = { 3 }, two[2] = { 2, 1 };
+    cr_assert_eq (s_sched (&s_m_moe, 1, 3, one, 1, 2, 2, &err), RX_OK, "%s", err.msg);
+    cr_assert_str_eq (s_trace,
+                      "P3 F0:0+3 D0:0+2 E0 C0:0 S0:2+1 D1:3+0 E0 C1:3 S1:5+0 W0 E0 c0:2 W1 E0 c1:5 | "
+                      "w0 P3 F1:0+3 D0:0+2 E1 C0:0 S0:2+1 w1 D1:3+0 E1 C1:3 S1:5+0 W0 E1 c0:2 W1 E1 c1:5 | "
+                      "w0 w1");
+    s_collectives (got, sizeof got);
+    cr_assert_str_eq (got, want, "one sequence");
+    cr_assert_eq (s_sched (&s_m_moe, 1, 3, two, 2, 2, 2, &err), RX_OK, "%s", err.msg);
+    s_collectives (got, sizeof got);
+    cr_assert_str_eq (got, want, "two sequences");
+    cr_assert_eq (s_sched (&s_m_moe, 1, 3, NULL, 0, 2, 2, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (strchr (s_trace, 'F'), NULL, "an idle rank ran a front: %s", s_trace);
+    s_collectives (got, sizeof got);
+    cr_assert_str_eq (got, want, "idle");
+}
+
+Test (schedule, error_drains_what_is_in_flight)
+{
+    const int32_t len[3] = { 3, 1, 1 };
+    struct rx_err err = { 0 };
+    /* micro-batch 1's front fails while micro-batch 0's dispatch is in
+     * flight (the layer still ends with progress, then the drain) */
+    s_fail_tok = "F0:3+2";
+    cr_assert_eq (s_sched (&s_m_moe, 0, 0, len, 3, 2, 2, &err), RX_EIO);
+    cr_assert_str_eq (err.msg, "mock: F0:3+2 failed");
+    cr_assert_str_eq (s_trace, "P3 F0:0+3 D0:0+2 E0 C0:0 S0:2+1 P2 F0:3+2 | W0");
+    /* micro-batch 1's dispatch_wait fails while 0's combine is in flight */
+    s_fail_tok = "W1";
+    err = (struct rx_err) { 0 };
+    cr_assert_eq (s_sched (&s_m_moe, 0, 0, len, 3, 2, 2, &err), RX_EIO);
+    cr_assert_str_eq (err.msg, "mock: W1 failed");
+    cr_assert_str_eq (s_trace, "P3 F0:0+3 D0:0+2 E0 C0:0 S0:2+1 P2 F0:3+2 S1:3+2 W0 E0 c0:2 W1 | w0");
+    /* the last combine_wait fails: the other one is still waited for */
+    s_fail_tok = "w0";
+    err = (struct rx_err) { 0 };
+    cr_assert_eq (s_sched (&s_m_moe, 0, 0, len, 3, 1, 2, &err), RX_EIO);
+    cr_assert_str_eq (err.msg, "mock: w0 failed");
+    cr_assert_str_eq (s_trace,
+                      "P3 F0:0+3 D0:0+2 E0 C0:0 S0:2+1 P2 F0:3+2 S1:3+2 W0 E0 c0:2 W1 E0 c1:3 | w0 w1");
+    s_fail_tok = NULL;
 }
 
 /* -------------------------------------------------------- dispatcher -- */
