@@ -9,6 +9,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <float.h>
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 
@@ -151,6 +152,176 @@ static __global__ void k_matvec (const uint8_t *w, size_t row_bytes, int in, int
     }
 }
 
+/* ---- the fast matvec kernels (plan.h RX_CUMV_VEC / RX_CUMV_STAGE) ----
+ *
+ * k_matvec above decodes a 32-element chunk per lane with byte loads: a
+ * BF16 chunk is 64 one-byte loads, and the lanes of a warp read 64 bytes
+ * apart.  It ran at ~8% of the H200's copy bandwidth.  These two read the
+ * weight row with coalesced 16-byte loads instead, several in flight per
+ * lane, which is what a memory-bound matvec needs. */
+
+/* 16 weight bytes (E = 4 F32 or 8 F16/BF16 elements) as floats.  F16 and
+ * BF16 to F32 are exact, so the products are the simple kernel's. */
+template <int DT>
+static __device__ __forceinline__ void s_unpack16 (const uint4 u, float *v)
+{
+    const uint32_t w[4] = { u.x, u.y, u.z, u.w };
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        if (DT == RX_CU_F32) {
+            v[i] = __uint_as_float (w[i]);
+        } else if (DT == RX_CU_BF16) {
+            v[2 * i] = __uint_as_float (w[i] << 16);
+            v[2 * i + 1] = __uint_as_float (w[i] & 0xffff0000u);
+        } else {
+            v[2 * i] = __half2float (__ushort_as_half ((unsigned short) (w[i] & 0xffffu)));
+            v[2 * i + 1] = __half2float (__ushort_as_half ((unsigned short) (w[i] >> 16)));
+        }
+    }
+}
+
+/* Warp sums of sum[0..n) to y[r][o] (lane 0 writes). */
+static __device__ __forceinline__ void s_mv_store (const float *sum, int n, int lane, float *y,
+                                                   size_t ldy, int o, int acc)
+{
+#pragma unroll
+    for (int r = 0; r < RX_CU_MV_MAX_ROWS; r++) {
+        if (r >= n) break;
+        const float s = s_warp_sum (sum[r]);
+        if (lane == 0) {
+            float *yo = y + (size_t) r * ldy + o;
+            *yo = acc ? *yo + s : s;
+        }
+    }
+}
+
+/* acc += dot (w[0..4k), x[0..4k)), x 16-byte aligned. */
+template <int K4>
+static __device__ __forceinline__ float s_dot4 (const float *w, const float *x)
+{
+    const float4 *xv = (const float4 *) x;
+    float s = 0.f;
+#pragma unroll
+    for (int j = 0; j < K4; j++) {
+        const float4 q = xv[j];
+        s += w[4 * j] * q.x + w[4 * j + 1] * q.y + w[4 * j + 2] * q.z + w[4 * j + 3] * q.w;
+    }
+    return s;
+}
+
+/* F32/F16/BF16 weights: one warp per output row; lane l reads the row's
+ * 16-byte vectors l, l + 32, ..., RX_CU_MV_UNROLL of them before it uses
+ * any.  Needs row_bytes % 16 == 0, w and x 16-byte aligned, ldx % 4 == 0
+ * (the launcher checks, else the simple kernel runs). */
+template <int DT>
+static __global__ void __launch_bounds__ (32 * RX_CU_MV_WARPS)
+k_mv_vec (const uint8_t *w, size_t row_bytes, int in, int out, const float *x, size_t ldx,
+          float *y, size_t ldy, int n, int acc)
+{
+    constexpr int E = DT == RX_CU_F32 ? 4 : 8;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int o = blockIdx.x * RX_CU_MV_WARPS + warp;
+    if (o >= out) return;
+    const uint4 *row = (const uint4 *) (w + (size_t) o * row_bytes);
+    const int nv = in / E;
+    float sum[RX_CU_MV_MAX_ROWS];
+#pragma unroll
+    for (int r = 0; r < RX_CU_MV_MAX_ROWS; r++) sum[r] = 0.f;
+    for (int v0 = 0; v0 < nv; v0 += 32 * RX_CU_MV_UNROLL) {
+        uint4 u[RX_CU_MV_UNROLL];
+#pragma unroll
+        for (int k = 0; k < RX_CU_MV_UNROLL; k++) {
+            const int v = v0 + k * 32 + lane;
+            u[k] = v < nv ? __ldg (row + v) : make_uint4 (0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int k = 0; k < RX_CU_MV_UNROLL; k++) {
+            const int v = v0 + k * 32 + lane;
+            if (v >= nv) break;
+            float wv[E];
+            s_unpack16<DT> (u[k], wv);
+#pragma unroll
+            for (int r = 0; r < RX_CU_MV_MAX_ROWS; r++) {
+                if (r >= n) break;
+                sum[r] += s_dot4<E / 4> (wv, x + (size_t) r * ldx + (size_t) v * E);
+            }
+        }
+    }
+    s_mv_store (sum, n, lane, y, ldy, o, acc);
+}
+
+/* Bytes of RX_CU_MV_STAGE elements of a block type (a multiple of 16 for
+ * every type: plan.c checks it, the host test too). */
+template <int DT>
+static __host__ __device__ constexpr int s_stage_bytes ()
+{
+    return DT == RX_CU_Q8_0 ? RX_CU_MV_STAGE / 32 * 34
+         : DT == RX_CU_Q4_0 ? RX_CU_MV_STAGE / 32 * 18
+         : DT == RX_CU_Q4_1 ? RX_CU_MV_STAGE / 32 * 20
+         : DT == RX_CU_Q4_K ? RX_CU_MV_STAGE / 256 * 144
+         : DT == RX_CU_Q5_K ? RX_CU_MV_STAGE / 256 * 176
+         : DT == RX_CU_Q6_K ? RX_CU_MV_STAGE / 256 * 210
+         : 16;
+}
+
+/* Block-quantized weights: one warp per output row.  The warp copies
+ * RX_CU_MV_STAGE elements of the row at a time (whole blocks, a multiple
+ * of 16 bytes) into its slice of shared memory with coalesced 16-byte
+ * loads, then each lane decodes 32-element chunks from there with the
+ * tested block decoder (cu_math.h rx_cu_deq32) and dots them with the
+ * activations.  Needs row_bytes % 16 == 0, w and x 16-byte aligned,
+ * ldx % 4 == 0. */
+template <int DT>
+static __global__ void __launch_bounds__ (32 * RX_CU_MV_WARPS)
+k_mv_stage (const uint8_t *w, size_t row_bytes, int in, int out, const float *x, size_t ldx,
+            float *y, size_t ldy, int n, int acc)
+{
+    constexpr int SB = s_stage_bytes<DT> ();
+    static_assert (SB % 16 == 0, "a stage must be whole 16-byte vectors");
+    __shared__ uint4 stage[RX_CU_MV_WARPS][SB / 16];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int o = blockIdx.x * RX_CU_MV_WARPS + warp;
+    if (o >= out) return;   /* whole warps leave: only __syncwarp below */
+    const uint8_t *row = w + (size_t) o * row_bytes;
+    uint4 *buf = stage[warp];
+    float sum[RX_CU_MV_MAX_ROWS];
+#pragma unroll
+    for (int r = 0; r < RX_CU_MV_MAX_ROWS; r++) sum[r] = 0.f;
+    for (int e0 = 0; e0 < in; e0 += RX_CU_MV_STAGE) {
+        const int ne = in - e0 < RX_CU_MV_STAGE ? in - e0 : RX_CU_MV_STAGE;
+        const size_t nb = rx_cu_row_bytes (DT, (size_t) ne);
+        /* e0 is a multiple of the stage: 16-byte aligned in the row. */
+        const uint4 *src = (const uint4 *) (row + (size_t) (e0 / RX_CU_MV_STAGE) * SB);
+        const int n16 = (int) (nb / 16);   /* whole: row_bytes and SB are multiples of 16 */
+        __syncwarp ();   /* every lane is done with the previous stage */
+        for (int v0 = 0; v0 < n16; v0 += 32 * 4) {
+            uint4 t[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int v = v0 + k * 32 + lane;
+                if (v < n16) t[k] = __ldg (src + v);
+            }
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int v = v0 + k * 32 + lane;
+                if (v < n16) buf[v] = t[k];
+            }
+        }
+        __syncwarp ();
+        const int nc = ne / 32;
+        for (int c = lane; c < nc; c += 32) {
+            float v[32];
+            rx_cu_deq32 (DT, (const uint8_t *) buf, (size_t) c, v);
+#pragma unroll
+            for (int r = 0; r < RX_CU_MV_MAX_ROWS; r++) {
+                if (r >= n) break;
+                sum[r] += s_dot4<8> (v, x + (size_t) r * ldx + (size_t) e0 + (size_t) c * 32);
+            }
+        }
+    }
+    s_mv_store (sum, n, lane, y, ldy, o, acc);
+}
+
 template <int DT>
 static __global__ void k_dequant_f16 (const uint8_t *w, size_t row_bytes, size_t in, size_t rows,
                                       __half *dst)
@@ -235,13 +406,39 @@ extern "C" int rx_cuk_get_rows (cudaStream_t st, int dtype, const void *w, size_
 
 extern "C" int rx_cuk_matvec (cudaStream_t st, int dtype, const void *w, size_t row_bytes,
                               size_t in, size_t out, const float *x, size_t ldx, float *y,
-                              size_t ldy, size_t n, int accumulate)
+                              size_t ldy, size_t n, int accumulate, int kernel)
 {
+    /* The fast kernels read x as float4: aligned rows only, else simple. */
+    if (kernel != RX_CUMV_SIMPLE &&
+        ((((uintptr_t) w) & 15) || (((uintptr_t) x) & 15) || (n > 1 && ldx % 4)))
+        kernel = RX_CUMV_SIMPLE;
     const uint32_t g = rx_cuplan_blocks (out, RX_CU_MV_WARPS, 0);
     for (size_t r0 = 0; r0 < n; r0 += RX_CU_MV_MAX_ROWS) {
         const int nr = (int) (n - r0 < RX_CU_MV_MAX_ROWS ? n - r0 : RX_CU_MV_MAX_ROWS);
-        S_DISPATCH (dtype, k_matvec, g, 32 * RX_CU_MV_WARPS, (const uint8_t *) w, row_bytes,
-                    (int) in, (int) out, x + r0 * ldx, ldx, y + r0 * ldy, ldy, nr, accumulate);
+        const uint8_t *wb = (const uint8_t *) w;
+        const float *xr = x + r0 * ldx;
+        float *yr = y + r0 * ldy;
+        if (kernel == RX_CUMV_VEC) {
+            switch (dtype) {
+            case RX_CU_F32: k_mv_vec<RX_CU_F32><<<g, 32 * RX_CU_MV_WARPS, 0, st>>> (wb, row_bytes, (int) in, (int) out, xr, ldx, yr, ldy, nr, accumulate); break;
+            case RX_CU_F16: k_mv_vec<RX_CU_F16><<<g, 32 * RX_CU_MV_WARPS, 0, st>>> (wb, row_bytes, (int) in, (int) out, xr, ldx, yr, ldy, nr, accumulate); break;
+            case RX_CU_BF16: k_mv_vec<RX_CU_BF16><<<g, 32 * RX_CU_MV_WARPS, 0, st>>> (wb, row_bytes, (int) in, (int) out, xr, ldx, yr, ldy, nr, accumulate); break;
+            default: return (int) cudaErrorInvalidValue;
+            }
+        } else if (kernel == RX_CUMV_STAGE) {
+            switch (dtype) {
+            case RX_CU_Q8_0: k_mv_stage<RX_CU_Q8_0><<<g, 32 * RX_CU_MV_WARPS, 0, st>>> (wb, row_bytes, (int) in, (int) out, xr, ldx, yr, ldy, nr, accumulate); break;
+            case RX_CU_Q4_0: k_mv_stage<RX_CU_Q4_0><<<g, 32 * RX_CU_MV_WARPS, 0, st>>> (wb, row_bytes, (int) in, (int) out, xr, ldx, yr, ldy, nr, accumulate); break;
+            case RX_CU_Q4_1: k_mv_stage<RX_CU_Q4_1><<<g, 32 * RX_CU_MV_WARPS, 0, st>>> (wb, row_bytes, (int) in, (int) out, xr, ldx, yr, ldy, nr, accumulate); break;
+            case RX_CU_Q4_K: k_mv_stage<RX_CU_Q4_K><<<g, 32 * RX_CU_MV_WARPS, 0, st>>> (wb, row_bytes, (int) in, (int) out, xr, ldx, yr, ldy, nr, accumulate); break;
+            case RX_CU_Q5_K: k_mv_stage<RX_CU_Q5_K><<<g, 32 * RX_CU_MV_WARPS, 0, st>>> (wb, row_bytes, (int) in, (int) out, xr, ldx, yr, ldy, nr, accumulate); break;
+            case RX_CU_Q6_K: k_mv_stage<RX_CU_Q6_K><<<g, 32 * RX_CU_MV_WARPS, 0, st>>> (wb, row_bytes, (int) in, (int) out, xr, ldx, yr, ldy, nr, accumulate); break;
+            default: return (int) cudaErrorInvalidValue;
+            }
+        } else {
+            S_DISPATCH (dtype, k_matvec, g, 32 * RX_CU_MV_WARPS, wb, row_bytes, (int) in,
+                        (int) out, xr, ldx, yr, ldy, nr, accumulate);
+        }
         int rc = s_status ();
         if (rc) return rc;
     }
@@ -634,16 +831,186 @@ static __global__ void k_attention (const float *q, size_t ldq, const void *kpoo
     (void) lane;
 }
 
+/* The tiled kernel (plan.h rx_cuplan_attn_tiled): a block per
+ * (RX_CU_ATTN_QT consecutive rows of the batch, head).  The rows of a tile
+ * may belong to several sequences (the last rows of one, the first of the
+ * next): the block makes one pass per sequence, over the union of its
+ * rows' key positions, and a row only takes the keys of its own sequence
+ * between its window start and its position.  Per pass, K and V come into
+ * shared memory RX_CU_ATTN_KT positions at a time (coalesced along the
+ * head dim); thread 4r + s owns row r's scores for keys s, s + 4, ... and
+ * its output dims s, s + 4, ...; the row's running max and sum are kept
+ * identical in its four threads by shuffles.  A slot outside the pool is a
+ * zero key and value, as in k_attention.  Needs hd_k, hd_v <= 128. */
+static __global__ void __launch_bounds__ (RX_CU_ATTN_THREADS)
+k_attn_tiled (const float *q, size_t ldq, const void *kpool, const void *vpool, int f16,
+              int n_kv_head, int hd_k, int hd_v, uint64_t n_slots, int n_seq, int n_tokens,
+              const int32_t *q_start, const int32_t *kv_start, const int32_t *slots,
+              const int32_t *q_pos, int n_head, float scale, float softcap, int window,
+              float *out, size_t ldo)
+{
+    constexpr int QT = RX_CU_ATTN_QT, KT = RX_CU_ATTN_KT, NJ = KT / 4;
+    constexpr int MAXV = RX_CU_ATTN_TILED_MAXD / 4;
+    extern __shared__ float sm[];
+    const int ldk = hd_k + 1, ldv = hd_v + 1;
+    float *Qs = sm, *Ks = Qs + QT * ldk, *Vs = Ks + KT * ldk, *Ps = Vs + KT * ldv;
+    __shared__ int jr[2];
+    const int tid = threadIdx.x, r = tid >> 2, sub = tid & 3;
+    const int t0 = blockIdx.x * QT, t1 = t0 + QT < n_tokens ? t0 + QT : n_tokens;
+    const int h = blockIdx.y, kvh = h / (n_head / n_kv_head);
+    const size_t krow = (size_t) n_kv_head * hd_k, vrow = (size_t) n_kv_head * hd_v;
+    for (int i = tid; i < QT * hd_k; i += blockDim.x) {
+        const int rr = i / hd_k, d = i % hd_k;
+        Qs[rr * ldk + d] = t0 + rr < t1 ? q[(size_t) (t0 + rr) * ldq + (size_t) h * hd_k + d] : 0.f;
+    }
+    /* The sequence of batch row t: the last s with q_start[s] <= t. */
+    auto seq_of = [&] (int t) {
+        int lo = 0, hi = n_seq - 1;
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) / 2;
+            if (q_start[mid] <= t) lo = mid; else hi = mid - 1;
+        }
+        return lo;
+    };
+    const int t = t0 + r, have = t < t1;
+    const int my_seq = have ? seq_of (t) : -1;
+    const int pos = have ? q_pos[t] : 0;
+    const int first = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+    float acc[MAXV];
+#pragma unroll
+    for (int i = 0; i < MAXV; i++) acc[i] = 0.f;
+    float m = -INFINITY, l = 0.f;
+    const int s_lo = seq_of (t0), s_hi = seq_of (t1 - 1);
+    for (int sq = s_lo; sq <= s_hi; sq++) {
+        const int mine = my_seq == sq;
+        __syncthreads ();   /* Q loaded; the last pass is done with jr */
+        if (tid == 0) {
+            jr[0] = INT_MAX;
+            jr[1] = -1;
+        }
+        __syncthreads ();
+        if (mine && sub == 0) {
+            atomicMin (&jr[0], first);
+            atomicMax (&jr[1], pos);
+        }
+        __syncthreads ();
+        const int jlo = jr[0], jhi = jr[1];
+        const int32_t *sl = slots + kv_start[sq];
+        for (int j0 = jlo; j0 <= jhi; j0 += KT) {
+            const int nt = jhi - j0 + 1 < KT ? jhi - j0 + 1 : KT;
+            for (int i = tid; i < KT * hd_k; i += blockDim.x) {
+                const int kk = i / hd_k, d = i % hd_k;
+                float v = 0.f;
+                if (kk < nt) {
+                    const int32_t sl_ = sl[j0 + kk];
+                    if (sl_ >= 0 && (uint64_t) sl_ < n_slots)
+                        v = s_kv (kpool, f16, (size_t) sl_ * krow + (size_t) kvh * hd_k + d);
+                }
+                Ks[kk * ldk + d] = v;
+            }
+            for (int i = tid; i < KT * hd_v; i += blockDim.x) {
+                const int kk = i / hd_v, d = i % hd_v;
+                float v = 0.f;
+                if (kk < nt) {
+                    const int32_t sl_ = sl[j0 + kk];
+                    if (sl_ >= 0 && (uint64_t) sl_ < n_slots)
+                        v = s_kv (vpool, f16, (size_t) sl_ * vrow + (size_t) kvh * hd_v + d);
+                }
+                Vs[kk * ldv + d] = v;
+            }
+            __syncthreads ();
+            float sc[NJ];
+#pragma unroll
+            for (int jj = 0; jj < NJ; jj++) sc[jj] = 0.f;
+            if (mine) {
+                const float *qr = Qs + r * ldk;
+                for (int d = 0; d < hd_k; d++) {
+                    const float qv = qr[d];
+#pragma unroll
+                    for (int jj = 0; jj < NJ; jj++) sc[jj] += qv * Ks[(sub + 4 * jj) * ldk + d];
+                }
+            }
+            float mx = -INFINITY;
+#pragma unroll
+            for (int jj = 0; jj < NJ; jj++) {
+                const int k = sub + 4 * jj, j = j0 + k;
+                if (mine && k < nt && j >= first && j <= pos) {
+                    float v = sc[jj] * scale;
+                    if (softcap > 0.f) v = softcap * tanhf (v / softcap);
+                    sc[jj] = v;
+                    mx = fmaxf (mx, v);
+                } else {
+                    sc[jj] = -INFINITY;
+                }
+            }
+            mx = fmaxf (mx, __shfl_xor_sync (0xffffffffu, mx, 1));
+            mx = fmaxf (mx, __shfl_xor_sync (0xffffffffu, mx, 2));
+            const float nm = fmaxf (m, mx);
+            const float corr = m == -INFINITY ? 0.f : expf (m - nm);
+            float ps = 0.f;
+#pragma unroll
+            for (int jj = 0; jj < NJ; jj++) {
+                const float p = sc[jj] == -INFINITY ? 0.f : expf (sc[jj] - nm);
+                Ps[r * (KT + 1) + sub + 4 * jj] = p;
+                ps += p;
+            }
+            ps += __shfl_xor_sync (0xffffffffu, ps, 1);
+            ps += __shfl_xor_sync (0xffffffffu, ps, 2);
+            l = l * corr + ps;
+#pragma unroll
+            for (int i = 0; i < MAXV; i++) acc[i] *= corr;
+            m = nm;
+            __syncwarp ();   /* a row's four threads (one warp) wrote its P row */
+            if (mine) {
+                const float *pr = Ps + r * (KT + 1);
+                for (int k = 0; k < nt; k++) {
+                    const float p = pr[k];
+                    const float *vr = Vs + k * ldv;
+#pragma unroll
+                    for (int i = 0; i < MAXV; i++) {
+                        const int d = sub + 4 * i;
+                        if (d < hd_v) acc[i] += p * vr[d];
+                    }
+                }
+            }
+            __syncthreads ();   /* K, V and P are overwritten next */
+        }
+    }
+    if (have) {
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        float *o = out + (size_t) t * ldo + (size_t) h * hd_v;
+#pragma unroll
+        for (int i = 0; i < MAXV; i++) {
+            const int d = sub + 4 * i;
+            if (d < hd_v) o[d] = acc[i] * inv;
+        }
+    }
+}
+
 extern "C" int rx_cuk_attention (cudaStream_t st, const float *q, size_t ldq, const void *kpool,
                                  const void *vpool, int f16, int n_kv_head, int hd_k, int hd_v,
                                  uint64_t n_slots, int n_seq, int n_tokens, const int32_t *q_start,
                                  const int32_t *kv_start, const int32_t *slots,
                                  const int32_t *q_pos, int n_head, float scale, float softcap,
-                                 int window, float *out, size_t ldo)
+                                 int window, float *out, size_t ldo, int tiled)
 {
     if (n_tokens == 0) return 0;
-    if (hd_v > S_ATTN_MAXV * RX_CU_ATTN_THREADS || n_head > 65535)
-        return (int) cudaErrorInvalidValue;
+    if (n_head > 65535) return (int) cudaErrorInvalidValue;
+    if (rx_cuplan_attn_tiled (tiled, hd_k, hd_v, n_tokens, n_seq)) {
+        const size_t smem = rx_cuplan_attn_tiled_smem (hd_k, hd_v);
+        if (smem > 48 * 1024) {
+            cudaError_t ce = cudaFuncSetAttribute (k_attn_tiled,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   (int) smem);
+            if (ce != cudaSuccess) return (int) ce;
+        }
+        dim3 grid ((unsigned) ((n_tokens + RX_CU_ATTN_QT - 1) / RX_CU_ATTN_QT), (unsigned) n_head);
+        k_attn_tiled<<<grid, RX_CU_ATTN_THREADS, smem, st>>> (
+            q, ldq, kpool, vpool, f16, n_kv_head, hd_k, hd_v, n_slots, n_seq, n_tokens, q_start,
+            kv_start, slots, q_pos, n_head, scale, softcap, window, out, ldo);
+        return s_status ();
+    }
+    if (hd_v > S_ATTN_MAXV * RX_CU_ATTN_THREADS) return (int) cudaErrorInvalidValue;
     const size_t smem = rx_cuplan_attn_smem (hd_k, hd_v);
     if (smem > 48 * 1024) {
         cudaError_t ce = cudaFuncSetAttribute (k_attention, cudaFuncAttributeMaxDynamicSharedMemorySize,

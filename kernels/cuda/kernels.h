@@ -38,10 +38,11 @@ int rx_cuk_rope (cudaStream_t st, float *x, size_t ldx, size_t n_tok, size_t n_h
                  float freq_scale, float ext_factor, float attn_factor, float corr0, float corr1,
                  const float *freq_factors);
 /* y[r][o] (+)= sum_i x[r][i] * W[o][i], r < n (any n: passes of
- * RX_CU_MV_MAX_ROWS rows). */
+ * RX_CU_MV_MAX_ROWS rows).  kernel: plan.h enum rx_cumv_kernel (VEC and
+ * STAGE fall back to SIMPLE when w, x or ldx is not 16-byte aligned). */
 int rx_cuk_matvec (cudaStream_t st, int dtype, const void *w, size_t row_bytes, size_t in,
                    size_t out, const float *x, size_t ldx, float *y, size_t ldy, size_t n,
-                   int accumulate);
+                   int accumulate, int kernel);
 /* rows x in weight elements -> F16 [rows][in] (dst). */
 int rx_cuk_dequant_f16 (cudaStream_t st, int dtype, const void *w, size_t row_bytes, size_t in,
                         size_t rows, void *dst);
@@ -71,6 +72,8 @@ int rx_cuk_argmax (cudaStream_t st, const float *x, size_t ldx, size_t rows, siz
                    int32_t *out);
 int rx_cuk_topk (cudaStream_t st, const float *x, size_t ldx, size_t rows, size_t dim, size_t k,
                  float *vals, int32_t *idx);
+/* attention: tiled = [kernels.cuda] attention = tiled; the launcher takes
+ * the tiled kernel where plan.h rx_cuplan_attn_tiled allows. */
 /* nk = n_kv_head * hd_k values per K row (nv for V); f16: pool is F16. */
 int rx_cuk_kv_store (cudaStream_t st, void *kpool, void *vpool, int f16, size_t nk, size_t nv,
                      uint64_t n_slots, const float *k, size_t ldk, const float *v, size_t ldv,
@@ -79,7 +82,8 @@ int rx_cuk_attention (cudaStream_t st, const float *q, size_t ldq, const void *k
                       const void *vpool, int f16, int n_kv_head, int hd_k, int hd_v,
                       uint64_t n_slots, int n_seq, int n_tokens, const int32_t *q_start,
                       const int32_t *kv_start, const int32_t *slots, const int32_t *q_pos,
-                      int n_head, float scale, float softcap, int window, float *out, size_t ldo);
+                      int n_head, float scale, float softcap, int window, float *out, size_t ldo,
+                      int tiled);
 
 #ifdef __cplusplus
 }

@@ -25,8 +25,37 @@ size_t rx_cuplan_attn_smem (int hd_k, int hd_v)
     return ((size_t) hd_k + RX_CU_ATTN_TILE + 32) * sizeof (float);
 }
 
+int rx_cuplan_attn_tiled (int enabled, int hd_k, int hd_v, int n_tokens, int n_seq)
+{
+    return enabled && hd_k > 0 && hd_v > 0 && hd_k <= RX_CU_ATTN_TILED_MAXD &&
+           hd_v <= RX_CU_ATTN_TILED_MAXD && n_seq > 0 && n_tokens >= 4 * n_seq;
+}
+
+size_t rx_cuplan_attn_tiled_smem (int hd_k, int hd_v)
+{
+    return ((size_t) RX_CU_ATTN_QT * (size_t) (hd_k + 1) + (size_t) RX_CU_ATTN_KT * (size_t) (hd_k + 1) +
+            (size_t) RX_CU_ATTN_KT * (size_t) (hd_v + 1) + (size_t) RX_CU_ATTN_QT * (RX_CU_ATTN_KT + 1)) *
+           sizeof (float);
+}
+
+size_t rx_cuplan_mv_stage_bytes (int dtype)
+{
+    if (rx_cu_blk_elems (dtype) <= 1) return 0;
+    return rx_cu_row_bytes (dtype, RX_CU_MV_STAGE);
+}
+
+int rx_cuplan_mv_kernel (int dtype, size_t in, int fast)
+{
+    const size_t rb = rx_cu_row_bytes (dtype, in);
+    if (!fast || rb == 0 || rb % 16) return RX_CUMV_SIMPLE;
+    if (rx_cu_blk_elems (dtype) == 1) return RX_CUMV_VEC;
+    const size_t sb = rx_cuplan_mv_stage_bytes (dtype);
+    return sb && sb % 16 == 0 ? RX_CUMV_STAGE : RX_CUMV_SIMPLE;
+}
+
 int rx_cuplan_matmul (int dtype, size_t n, size_t in, size_t out, size_t matvec_max_rows,
-                      size_t slice_bytes, struct rx_cumm_plan *p, struct rx_err *err)
+                      size_t slice_bytes, int fast_mv, struct rx_cumm_plan *p,
+                      struct rx_err *err)
 {
     if (!p) return rx_err_set (err, RX_EINVAL, "kernels-cuda matmul plan: NULL plan");
     *p = (struct rx_cumm_plan) { 0 };
@@ -47,6 +76,7 @@ int rx_cuplan_matmul (int dtype, size_t n, size_t in, size_t out, size_t matvec_
         p->block_x = 32 * RX_CU_MV_WARPS;
         p->grid_x = rx_cuplan_blocks (out, RX_CU_MV_WARPS, 0);
         p->row_passes = (uint32_t) ((n + RX_CU_MV_MAX_ROWS - 1) / RX_CU_MV_MAX_ROWS);
+        p->mv_kernel = rx_cuplan_mv_kernel (dtype, in, fast_mv);
         return RX_OK;
     }
     p->path = RX_CUMM_GEMM;

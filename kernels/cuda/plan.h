@@ -22,6 +22,19 @@ extern "C" {
 #define RX_CU_MV_MAX_ROWS 8
 /* Warps (= output rows) per matvec block. */
 #define RX_CU_MV_WARPS 4
+/* Fast matvec kernels ([kernels.cuda] matvec = fast): 16-byte loads in
+ * flight per lane (F32/F16/BF16), and the elements of a block-quantized
+ * row staged in shared memory per pass (a multiple of 256, whole K-quant
+ * blocks; its bytes are a multiple of 16 for every block type). */
+#define RX_CU_MV_UNROLL 8
+#define RX_CU_MV_STAGE 2048
+
+/* Which matvec kernel a plan runs. */
+enum rx_cumv_kernel {
+    RX_CUMV_SIMPLE = 0,     /* a lane decodes 32-element chunks with byte loads (any row) */
+    RX_CUMV_VEC    = 1,     /* F32/F16/BF16: coalesced 16-byte loads, row_bytes % 16 == 0 */
+    RX_CUMV_STAGE  = 2      /* block types: rows staged in shared memory, row_bytes % 16 == 0 */
+};
 /* Threads per block of the row kernels (norm, softmax, argmax, topk). */
 #define RX_CU_ROW_THREADS 256
 /* Attention: threads per (query row, head) block and the score tile. */
@@ -56,17 +69,30 @@ struct rx_cumm_plan {
     float    x_part_scale;
     size_t   q_scratch;
     /* MATVEC launch: grid.x blocks of RX_CU_MV_WARPS warps; rows in
-     * passes of at most RX_CU_MV_MAX_ROWS. */
+     * passes of at most RX_CU_MV_MAX_ROWS; mv_kernel: enum rx_cumv_kernel
+     * (the launcher still falls back to SIMPLE for unaligned pointers). */
     uint32_t grid_x, block_x, row_passes;
+    int      mv_kernel;
 };
 
 /* dtype: the weight's enum rx_dtype; n activation rows; W is [in, out].
  * matvec_max_rows: n <= this takes the matvec path (1..RX_CU_MV_MAX_ROWS x
  * any passes; 0 = default 4); slice_bytes bounds the dequantized-W scratch
- * (0 = 64 MiB).  RX_ENOTSUP for a dtype without kernels, RX_EINVAL for bad
- * sizes. */
+ * (0 = 64 MiB); fast_mv: use the fast matvec kernels where the row allows
+ * (rx_cuplan_mv_kernel).  RX_ENOTSUP for a dtype without kernels,
+ * RX_EINVAL for bad sizes. */
 int rx_cuplan_matmul (int dtype, size_t n, size_t in, size_t out, size_t matvec_max_rows,
-                      size_t slice_bytes, struct rx_cumm_plan *p, struct rx_err *err);
+                      size_t slice_bytes, int fast_mv, struct rx_cumm_plan *p,
+                      struct rx_err *err);
+
+/* The matvec kernel for a weight of dtype with in elements per row:
+ * SIMPLE unless fast, and VEC / STAGE only when a row is whole 16-byte
+ * vectors (the fast kernels' loads). */
+int rx_cuplan_mv_kernel (int dtype, size_t in, int fast);
+
+/* Bytes of RX_CU_MV_STAGE elements of dtype (0 for F32/F16/BF16, which
+ * are not staged). */
+size_t rx_cuplan_mv_stage_bytes (int dtype);
 
 /* Blocks of `per_block` threads covering n items, at least 1 and at most
  * max_blocks (kernels then loop grid-stride). */
@@ -79,6 +105,25 @@ uint32_t rx_cuplan_row_threads (size_t dim);
 /* Dynamic shared memory of the attention kernel (bytes): q (hd_k floats),
  * the score tile and the warp scratch. */
 size_t rx_cuplan_attn_smem (int hd_k, int hd_v);
+
+/* The tiled attention kernel ([kernels.cuda] attention = tiled): a block
+ * of RX_CU_ATTN_THREADS threads per (RX_CU_ATTN_QT query rows, head);
+ * the rows' keys and values come through shared memory RX_CU_ATTN_KT
+ * positions at a time, each loaded once for the whole query tile.  Four
+ * threads own a query row (its KT scores, a quarter of its output dims). */
+#define RX_CU_ATTN_QT 32
+#define RX_CU_ATTN_KT 32
+#define RX_CU_ATTN_TILED_MAXD 128
+
+/* Whether a call runs the tiled kernel: enabled, both head dims at most
+ * RX_CU_ATTN_TILED_MAXD (not MLA's absorbed 576/512), and a prefill-like
+ * batch of at least 4 rows per sequence on average (a decode row alone in
+ * its tile would leave 31 of 32 rows idle). */
+int rx_cuplan_attn_tiled (int enabled, int hd_k, int hd_v, int n_tokens, int n_seq);
+
+/* Dynamic shared memory of the tiled kernel (bytes): Q, K and V tiles
+ * (rows padded by one float against bank conflicts) and the P tile. */
+size_t rx_cuplan_attn_tiled_smem (int hd_k, int hd_v);
 
 #ifdef __cplusplus
 }

@@ -26,11 +26,13 @@
 #include "kernels.h"
 #include "mempool.h"
 #include "plan.h"
+#include "prof.h"
 
 #define S_VERSION "0.1.0"
 #define S_STREAM_MAGIC 0x6d727443u
 #define S_WEIGHT_MAGIC 0x7457434bu
 #define S_CUBLAS_WS (32u << 20)
+#define S_PROF_RING 1024           /* op event pairs between two profile flushes */
 
 struct rx_kstream {
     uint32_t magic;
@@ -45,6 +47,12 @@ struct rx_kweight {
     size_t row_bytes;
     void *d;                       /* device copy of the GGML bytes */
     struct rx_kweight *prev, *next;
+};
+
+/* One profiled op: events around it on its stream. */
+struct s_pev {
+    cudaEvent_t a, b;
+    char name[40];
 };
 
 struct s_cuda {
@@ -62,6 +70,11 @@ struct s_cuda {
     cudaGraph_t cap_graph;         /* unused between captures */
     struct rx_kweight *weights;
     size_t mv_rows;                /* [kernels.cuda] matvec_max_rows */
+    int fast_mv;                   /* [kernels.cuda] matvec = fast */
+    int attn_tiled;                /* [kernels.cuda] attention = tiled */
+    struct rx_cuprof *prof;        /* [kernels.cuda] profile: NULL when off */
+    struct s_pev *pev;             /* S_PROF_RING pairs, events created lazily */
+    size_t n_pev;
     void *scratch;                 /* matmul GEMM scratch (pool memory) */
     size_t scratch_cap;
     void **retired;                /* old scratch a captured graph may still use */
@@ -78,6 +91,16 @@ static const struct rx_cfg_key s_keys[] = {
       1, 4096, NULL },
     { "chunk_mb", RX_CFG_INT, "64", "device memory pool chunk size in MiB (cudaMalloc unit)",
       2, 65536, NULL },
+    { "matvec", RX_CFG_ENUM, "simple",
+      "matvec kernel for up to matvec_max_rows rows: simple (byte loads, verified on an H200) or "
+      "fast (coalesced 16-byte loads; not yet run on a GPU, see docs/gpu.md)", 0, 0, "simple|fast" },
+    { "attention", RX_CFG_ENUM, "simple",
+      "attention kernel: simple (a block per query row and head, verified on an H200) or tiled "
+      "(query tiles share K/V tiles in shared memory; not yet run on a GPU, see docs/gpu.md)", 0, 0,
+      "simple|tiled" },
+    { "profile", RX_CFG_BOOL, "false",
+      "time every op with CUDA events and log a per-op table when the backend is destroyed "
+      "(also RADIX_KCUDA_PROFILE=1; adds a little overhead per op)", 0, 0, NULL },
     { NULL, 0, NULL, NULL, 0, 0, NULL }
 };
 
@@ -154,8 +177,101 @@ static int64_t s_cfg_int (const struct rx_host *h, const char *key, int64_t dflt
     return v;
 }
 
+static const char *s_cfg_str (const struct rx_host *h, const char *key, const char *dflt)
+{
+    const char *v = NULL;
+    if (!h || !h->cfg_str || h->cfg_str (h, key, &v) != RX_OK || !v) v = dflt;
+    return v;
+}
+
+static int s_cfg_bool (const struct rx_host *h, const char *key, int dflt)
+{
+    int v = dflt;
+    if (!h || !h->cfg_bool || h->cfg_bool (h, key, &v) != RX_OK) v = dflt;
+    return v;
+}
+
 /* The stream of an op: NULL = the instance's default stream. */
 static cudaStream_t s_st (struct s_cuda *c, rx_kstream_t *s) { return s ? s->st : c->dflt.st; }
+
+/* ------------------------------------------------------------- profiler -- */
+
+/* Every recorded pair is complete once its last event is: add them up. */
+static void s_prof_flush (struct s_cuda *c)
+{
+    if (!c->prof || c->n_pev == 0) return;
+    if (cudaEventSynchronize (c->pev[c->n_pev - 1].b) == cudaSuccess) {
+        for (size_t i = 0; i < c->n_pev; i++) {
+            float ms = 0.f;
+            if (cudaEventElapsedTime (&ms, c->pev[i].a, c->pev[i].b) == cudaSuccess)
+                rx_cuprof_add (c->prof, c->pev[i].name, (double) ms);
+        }
+    }
+    (void) cudaGetLastError ();
+    c->n_pev = 0;
+}
+
+/* An op's profile scope: S_BEGIN declares one with the cleanup attribute,
+ * so s_prof_end records the closing event at every return of the op. */
+struct s_pscope {
+    struct s_cuda *c;
+    cudaStream_t st;
+    struct s_pev *ev;
+};
+
+static struct s_pscope s_prof_begin (struct s_cuda *c, cudaStream_t st, const char *name)
+{
+    struct s_pscope ps = { 0 };
+    if (!c->prof) return ps;
+    enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing (st, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
+        (void) cudaGetLastError ();
+        return ps;   /* events in a capture would become graph nodes */
+    }
+    if (c->n_pev == S_PROF_RING) s_prof_flush (c);
+    struct s_pev *e = &c->pev[c->n_pev];
+    if ((!e->a && cudaEventCreate (&e->a) != cudaSuccess) ||
+        (!e->b && cudaEventCreate (&e->b) != cudaSuccess) || cudaEventRecord (e->a, st) != cudaSuccess) {
+        (void) cudaGetLastError ();
+        return ps;
+    }
+    snprintf (e->name, sizeof e->name, "%s", name);
+    ps.c = c;
+    ps.st = st;
+    ps.ev = e;
+    return ps;
+}
+
+static void s_prof_end (struct s_pscope *ps)
+{
+    if (!ps->c) return;
+    if (cudaEventRecord (ps->ev->b, ps->st) == cudaSuccess) ps->c->n_pev++;
+    else (void) cudaGetLastError ();
+}
+
+/* Renames the op being timed (matmul: by path and weight type). */
+static void s_prof_name (struct s_pscope *ps, const char *name)
+{
+    if (ps->c) snprintf (ps->ev->name, sizeof ps->ev->name, "%s", name);
+}
+
+static void s_prof_report (struct s_cuda *c)
+{
+    if (!c->prof) return;
+    s_prof_flush (c);
+    size_t need = rx_cuprof_report (c->prof, NULL, 0) + 1;
+    char *txt = malloc (need);
+    if (txt) {
+        rx_cuprof_report (c->prof, txt, need);
+        /* One log line per op; stderr as well, as radix bench prints there. */
+        for (char *l = txt, *nl; *l; l = nl + 1) {
+            if (!(nl = strchr (l, '\n'))) break;
+            *nl = 0;
+            RX_HLOG (c->host, RX_LOG_INFO, "%s", l + strlen ("kernels-cuda "));
+        }
+        free (txt);
+    }
+}
 
 /* ------------------------------------------------------------- instance -- */
 
@@ -192,6 +308,16 @@ static int s_create (const struct rx_host *host, const struct rx_kernels_params 
     c->dflt.magic = S_STREAM_MAGIC;
     c->mv_rows = (size_t) s_cfg_int (host, "matvec_max_rows", 4);
     int rc = RX_OK;
+    c->fast_mv = !strcmp (s_cfg_str (host, "matvec", "simple"), "fast");
+    c->attn_tiled = !strcmp (s_cfg_str (host, "attention", "simple"), "tiled");
+    const char *penv = getenv ("RADIX_KCUDA_PROFILE");
+    if (s_cfg_bool (host, "profile", 0) || (penv && *penv && strcmp (penv, "0"))) {
+        if (!(c->prof = calloc (1, sizeof *c->prof)) ||
+            !(c->pev = calloc (S_PROF_RING, sizeof *c->pev))) {
+            rc = rx_err_set (err, RX_ENOMEM, "kernels-cuda create: out of memory");
+            goto fail;
+        }
+    }
     struct cudaDeviceProp prop;
     if ((ce = cudaGetDeviceProperties (&prop, device)) != cudaSuccess) {
         rc = s_cuerr (err, ce, "create", "cudaGetDeviceProperties");
@@ -226,8 +352,10 @@ static int s_create (const struct rx_host *host, const struct rx_kernels_params 
         rc = s_blaserr (err, bs, "create", "cublasSetWorkspace/SetStream");
         goto fail;
     }
-    RX_HLOG (host, RX_LOG_INFO, "device %d: %s, %.1f GiB, matvec up to %zu rows", device,
-             c->dev_name, (double) c->mem_bytes / (1u << 30), c->mv_rows);
+    RX_HLOG (host, RX_LOG_INFO, "device %d: %s, %.1f GiB, matvec up to %zu rows (%s), "
+             "attention %s%s", device, c->dev_name, (double) c->mem_bytes / (1u << 30), c->mv_rows,
+             c->fast_mv ? "fast" : "simple", c->attn_tiled ? "tiled" : "simple",
+             c->prof ? ", profiling every op" : "");
     *be = c;
     return RX_OK;
 fail:
@@ -249,6 +377,14 @@ static void s_destroy (void *be)
     struct s_cuda *c = be;
     if (!c) return;
     if (c->dflt.st) cudaStreamSynchronize (c->dflt.st);
+    s_prof_report (c);
+    if (c->pev)
+        for (size_t i = 0; i < S_PROF_RING; i++) {
+            if (c->pev[i].a) cudaEventDestroy (c->pev[i].a);
+            if (c->pev[i].b) cudaEventDestroy (c->pev[i].b);
+        }
+    free (c->pev);
+    free (c->prof);
     rx_cugraphs_destroy (&c->graphs);
     if (c->cap_graph) cudaGraphDestroy (c->cap_graph);
     while (c->weights) s_weight_release (c, c->weights);
@@ -391,6 +527,10 @@ static int s_synchronize (void *be, rx_kstream_t *s, struct rx_err *err)
     if (!c) return rx_err_set (err, RX_EINVAL, "kernels-cuda synchronize: no backend");
     if (!s_stream_ok (s)) return rx_err_set (err, RX_EINVAL, "kernels-cuda synchronize: bad stream");
     S_CU (cudaStreamSynchronize (s_st (c, s)), "synchronize");
+    if (c->prof) {
+        c->prof->syncs++;
+        s_prof_flush (c);
+    }
     return RX_OK;
 }
 
@@ -558,7 +698,8 @@ static int s_weight_data (void *be, const rx_kweight_t *w, const void **dptr, st
     static const char *const s_op = opname;                                           \
     if (!c) return rx_err_set (err, RX_EINVAL, "kernels-cuda %s: no backend", s_op);  \
     if (!s_stream_ok (s)) return rx_err_set (err, RX_EINVAL, "kernels-cuda %s: bad stream", s_op); \
-    cudaStream_t st = s_st (c, s)
+    cudaStream_t st = s_st (c, s);                                                    \
+    struct s_pscope ps_ __attribute__ ((cleanup (s_prof_end), unused)) = s_prof_begin (c, st, s_op)
 
 #define S_NEED(cond, ...)                                                             \
     do { if (!(cond)) return rx_err_set (err, RX_EINVAL, __VA_ARGS__); } while (0)
@@ -678,8 +819,15 @@ static int s_matmul (void *be, rx_kstream_t *s, const rx_kweight_t *w, int exper
         ldy = out;
     }
     struct rx_cumm_plan pl;
-    int rc = rx_cuplan_matmul (w->dtype, n, in, out, c->mv_rows, 0, &pl, err);
+    int rc = rx_cuplan_matmul (w->dtype, n, in, out, c->mv_rows, 0, c->fast_mv, &pl, err);
     if (rc != RX_OK) return rc;
+    if (c->prof) {
+        char pn[40];
+        snprintf (pn, sizeof pn, "matmul.%s.%s", pl.path == RX_CUMM_MATVEC ?
+                  (pl.mv_kernel == RX_CUMV_SIMPLE ? "matvec" : "matvec_fast") : "gemm",
+                  rx_dtype_name (w->dtype));
+        s_prof_name (&ps_, pn);
+    }
     const uint8_t *wd = (const uint8_t *) w->d + (size_t) (expert > 0 ? expert : 0) * out * w->row_bytes;
     const int acc = (flags & RX_MM_ACCUMULATE) != 0;
     /* Scratch layout: [q: n x in F32][xs: x_parts x n x in][ws: W slice]. */
@@ -694,7 +842,8 @@ static int s_matmul (void *be, rx_kstream_t *s, const rx_kweight_t *w, int exper
         ldx = in;
     }
     if (pl.path == RX_CUMM_MATVEC) {
-        S_LAUNCH (rx_cuk_matvec (st, w->dtype, wd, w->row_bytes, in, out, x, ldx, y, ldy, n, acc), s_op);
+        S_LAUNCH (rx_cuk_matvec (st, w->dtype, wd, w->row_bytes, in, out, x, ldx, y, ldy, n, acc,
+                                 pl.mv_kernel), s_op);
         return RX_OK;
     }
     void *xs = (uint8_t *) scr + pl.q_scratch, *ws = (uint8_t *) xs + pl.x_scratch;
@@ -763,6 +912,8 @@ static int s_ew (void *be, rx_kstream_t *s, int op, const char *name, const floa
         lda = ldy = dim;
         if (ldb) ldb = dim;
     }
+    struct s_pscope ps_ __attribute__ ((cleanup (s_prof_end), unused)) =
+        s_prof_begin (c, s_st (c, s), s_op);
     S_LAUNCH (rx_cuk_ew (s_st (c, s), op, a, lda, b, ldb, y, ldy, rows, dim, alpha), s_op);
     return RX_OK;
 }
@@ -899,11 +1050,13 @@ static int s_attention (void *be, rx_kstream_t *s, const float *q, size_t ldq,
     size_t od = (size_t) p->n_head * (size_t) pool->hd_v;
     S_VIEW (q, ldq, (size_t) b->n_tokens, qd, 0);
     S_VIEW (out, ldo, (size_t) b->n_tokens, od, 0);
+    if (rx_cuplan_attn_tiled (c->attn_tiled, pool->hd_k, pool->hd_v, b->n_tokens, b->n_seq))
+        s_prof_name (&ps_, "attention.tiled");
     S_LAUNCH (rx_cuk_attention (st, q, b->n_tokens > 1 ? ldq : qd, pool->k, pool->v,
                                 pool->dtype == RX_F16, pool->n_kv_head, pool->hd_k, pool->hd_v,
                                 pool->n_slots, b->n_seq, b->n_tokens, b->q_start, b->kv_start,
                                 b->slots, b->q_pos, p->n_head, p->scale, p->softcap, p->window,
-                                out, b->n_tokens > 1 ? ldo : od), s_op);
+                                out, b->n_tokens > 1 ? ldo : od, c->attn_tiled), s_op);
     return RX_OK;
 }
 

@@ -5,6 +5,8 @@
  *
  * RX_COMPARE_BACKEND=cpu compares kernels-cpu with itself: a self-test of
  * this harness on machines without a GPU (every error is then 0).
+ * RX_COMPARE_INI="[kernels.cuda]\nmatvec = fast\nattention = tiled" gives
+ * the compared backend that configuration (check.sh runs both kernel sets).
  *
  * Prints one line per case: PASS/FAIL, the op and shape, and the error
  * max|cuda - cpu| / max|cpu|.  Exit 0 if all pass, 1 if any fails, 77
@@ -23,6 +25,7 @@
 #include <radix/kernel.h>
 #include <radix/plugin.h>
 
+#include "conf.h"
 #include "loader.h"
 #include "quant.h"
 
@@ -33,6 +36,7 @@ struct be {
 };
 
 static struct be C, G;     /* cpu, cuda */
+static rx_conf_t *s_conf;  /* RX_COMPARE_INI, parsed */
 static int n_fail, n_pass;
 static uint64_t s_rng = 0x9E3779B97F4A7C15ull;
 
@@ -368,7 +372,23 @@ static void s_open (rx_loader_t *l, const char *name, struct be *b)
     struct rx_err err = { 0 };
     rx_plugin_t *p = NULL;
     if (rx_loader_find (l, RX_KIND_KERNELS, name, &p, &err) != RX_OK) s_die (name, &err);
-    if (rx_plugin_init (p, NULL, &err) != RX_OK) s_die (name, &err);
+    /* The compared backend may get a configuration (RX_COMPARE_INI, with
+     * "\n" written as the two characters, so it fits in one variable). */
+    const char *ini = b == &G ? getenv ("RX_COMPARE_INI") : NULL;
+    rx_conf_t *conf = NULL;
+    if (ini && *ini) {
+        char *txt = strdup (ini), *o = txt;
+        for (const char *i = ini; *i; i++) {
+            if (i[0] == '\\' && i[1] == 'n') { *o++ = '\n'; i++; }
+            else *o++ = *i;
+        }
+        *o = 0;
+        conf = rx_conf_parse_string (txt, strlen (txt), "RX_COMPARE_INI", &err);
+        free (txt);
+        if (!conf) s_die ("RX_COMPARE_INI", &err);
+        s_conf = conf;   /* the plugin's host table reads it later: kept to the end */
+    }
+    if (rx_plugin_init (p, conf, &err) != RX_OK) s_die (name, &err);
     b->K = rx_plugin_ops (p);
     b->name = name;
     struct rx_kernels_params kp = { .struct_size = sizeof kp };
@@ -405,6 +425,10 @@ int main (int argc, char **argv)
         s_matmul_case (dts[d], 256, 40, 4, 2, 2, RX_MM_ACCUMULATE, q ? 3e-2 : 1e-4);
         s_matmul_case (dts[d], 256, 40, 4, 3, 20, RX_MM_ACCUMULATE, q ? 3e-2 : (dts[d] == RX_F32 ? 1e-4 : 1e-2));
         s_get_rows_case (dts[d], 256);
+        /* Rows of more than one fast-matvec stage (RX_CU_MV_STAGE = 2048
+         * elements), the last one partial, and two whole stages. */
+        s_matmul_case (dts[d], 2560, 64, 1, -1, 1, 0, q ? 3e-2 : 1e-4);
+        s_matmul_case (dts[d], 4096, 48, 1, -1, 3, RX_MM_ACCUMULATE, q ? 3e-2 : 1e-4);
     }
     s_get_rows_case (RX_F32, 40);    /* rows that are not whole 32-element chunks */
     s_get_rows_case (RX_F16, 8);
@@ -429,6 +453,7 @@ int main (int argc, char **argv)
     G.K->destroy (G.be);
     C.K->destroy (C.be);
     rx_loader_destroy (&l);
+    rx_conf_destroy (&s_conf);
     printf ("compare: %d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
 }

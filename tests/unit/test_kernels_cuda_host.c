@@ -27,6 +27,7 @@
 #include "loader.h"
 #include "mempool.h"
 #include "plan.h"
+#include "prof.h"
 #include "quant.h"
 #include "../testutil.h"
 
@@ -569,7 +570,7 @@ Test (cuplan, matvec_for_small_batches)
 {
     struct rx_cumm_plan p;
     struct rx_err err = { 0 };
-    cr_assert_eq (rx_cuplan_matmul (RX_Q8_0, 1, 4096, 11008, 0, 0, &p, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (rx_cuplan_matmul (RX_Q8_0, 1, 4096, 11008, 0, 0, 0, &p, &err), RX_OK, "%s", err.msg);
     cr_assert_eq (p.path, RX_CUMM_MATVEC);
     cr_assert_eq (p.block_x, 32 * RX_CU_MV_WARPS);
     cr_assert_eq (p.grid_x, 11008 / RX_CU_MV_WARPS, "one warp per output row");
@@ -577,12 +578,12 @@ Test (cuplan, matvec_for_small_batches)
     cr_assert_eq (p.w_scratch + p.x_scratch, 0, "matvec needs no conversion scratch");
     cr_assert_eq (p.act_qblk, 32, "Q8_0: activations quantized in blocks of 32, as on the CPU");
     cr_assert_eq (p.q_scratch, 4096 * 4);
-    cr_assert_eq (rx_cuplan_matmul (RX_Q4_K, 4, 4096, 4097, 0, 0, &p, &err), RX_OK);
+    cr_assert_eq (rx_cuplan_matmul (RX_Q4_K, 4, 4096, 4097, 0, 0, 0, &p, &err), RX_OK);
     cr_assert_eq (p.path, RX_CUMM_MATVEC, "default threshold is 4 rows");
     cr_assert_eq (p.grid_x, (4097 + RX_CU_MV_WARPS - 1) / RX_CU_MV_WARPS);
-    cr_assert_eq (rx_cuplan_matmul (RX_Q4_K, 5, 4096, 4096, 0, 0, &p, &err), RX_OK);
+    cr_assert_eq (rx_cuplan_matmul (RX_Q4_K, 5, 4096, 4096, 0, 0, 0, &p, &err), RX_OK);
     cr_assert_eq (p.path, RX_CUMM_GEMM);
-    cr_assert_eq (rx_cuplan_matmul (RX_BF16, 20, 256, 256, 32, 0, &p, &err), RX_OK);
+    cr_assert_eq (rx_cuplan_matmul (RX_BF16, 20, 256, 256, 32, 0, 0, &p, &err), RX_OK);
     cr_assert_eq (p.path, RX_CUMM_MATVEC, "threshold from [kernels.cuda] matvec_max_rows");
     cr_assert_eq (p.row_passes, 3, "20 rows in passes of %d", RX_CU_MV_MAX_ROWS);
 }
@@ -591,13 +592,13 @@ Test (cuplan, gemm_types_scratch_and_slices)
 {
     struct rx_cumm_plan p;
     struct rx_err err = { 0 };
-    cr_assert_eq (rx_cuplan_matmul (RX_F32, 64, 512, 1024, 0, 0, &p, &err), RX_OK);
+    cr_assert_eq (rx_cuplan_matmul (RX_F32, 64, 512, 1024, 0, 0, 0, &p, &err), RX_OK);
     cr_assert_eq (p.path, RX_CUMM_GEMM);
     cr_assert_eq (p.gtype, RX_CUMM_G_F32);
     cr_assert_eq (p.convert_x + p.dequant_w, 0);
     cr_assert_eq (p.x_scratch + p.w_scratch + p.q_scratch, 0, "f32 multiplies in place");
     cr_assert_eq (p.act_qblk, 0);
-    cr_assert_eq (rx_cuplan_matmul (RX_BF16, 64, 512, 1024, 0, 0, &p, &err), RX_OK);
+    cr_assert_eq (rx_cuplan_matmul (RX_BF16, 64, 512, 1024, 0, 0, 0, &p, &err), RX_OK);
     cr_assert_eq (p.gtype, RX_CUMM_G_BF16);
     cr_assert (p.convert_x && !p.dequant_w);
     cr_assert_eq (p.x_parts, 3, "bf16: 3 parts carry an F32 activation");
@@ -605,14 +606,14 @@ Test (cuplan, gemm_types_scratch_and_slices)
     cr_assert_eq (p.q_scratch, 0, "float weights: F32 activations, as on the CPU");
     cr_assert_eq (p.w_scratch, 0);
     cr_assert_eq (p.out_slice, 1024);
-    cr_assert_eq (rx_cuplan_matmul (RX_F16, 64, 512, 1024, 0, 0, &p, &err), RX_OK);
+    cr_assert_eq (rx_cuplan_matmul (RX_F16, 64, 512, 1024, 0, 0, 0, &p, &err), RX_OK);
     cr_assert_eq (p.gtype, RX_CUMM_G_F16);
     cr_assert_eq (p.x_parts, 2, "f16: hi + lo parts");
     cr_assert_float_eq (p.x_part_scale, 2048.f, 0.f);
     cr_assert_eq (p.x_scratch, 2 * 64 * 512 * 2);
     /* Quantized: W dequantized to F32 (exact) in slices bounded by
      * slice_bytes, then an F32 GEMM on the quantized-dequantized X. */
-    cr_assert_eq (rx_cuplan_matmul (RX_Q6_K, 512, 4096, 128256, 0, 64u << 20, &p, &err), RX_OK);
+    cr_assert_eq (rx_cuplan_matmul (RX_Q6_K, 512, 4096, 128256, 0, 64u << 20, 0, &p, &err), RX_OK);
     cr_assert_eq (p.gtype, RX_CUMM_G_F32);
     cr_assert (!p.convert_x && p.dequant_w);
     cr_assert_eq (p.act_qblk, 256, "K-quants: Q8_K activations");
@@ -622,10 +623,10 @@ Test (cuplan, gemm_types_scratch_and_slices)
     cr_assert_eq (p.out_slice % 64, 0);
     cr_assert_eq (p.w_scratch, p.out_slice * 4096 * 4);
     cr_assert_leq (p.w_scratch, 64u << 20);
-    cr_assert_eq (rx_cuplan_matmul (RX_Q8_0, 16, 256, 100, 0, 64u << 20, &p, &err), RX_OK);
+    cr_assert_eq (rx_cuplan_matmul (RX_Q8_0, 16, 256, 100, 0, 64u << 20, 0, &p, &err), RX_OK);
     cr_assert_eq (p.out_slice, 100, "small weights in one slice");
     cr_assert_eq (p.w_scratch, 100 * 256 * 4);
-    cr_assert_eq (rx_cuplan_matmul (RX_Q8_0, 16, 1 << 20, 1000, 0, 1024, &p, &err), RX_OK);
+    cr_assert_eq (rx_cuplan_matmul (RX_Q8_0, 16, 1 << 20, 1000, 0, 1024, 0, &p, &err), RX_OK);
     cr_assert_eq (p.out_slice, 64, "never less than one 64-row tile");
 }
 
@@ -633,14 +634,14 @@ Test (cuplan, refusals)
 {
     struct rx_cumm_plan p;
     struct rx_err err = { 0 };
-    cr_assert_eq (rx_cuplan_matmul (RX_Q8_K, 1, 256, 256, 0, 0, &p, &err), RX_ENOTSUP);
+    cr_assert_eq (rx_cuplan_matmul (RX_Q8_K, 1, 256, 256, 0, 0, 0, &p, &err), RX_ENOTSUP);
     cr_assert (strstr (err.msg, "no kernel for weight dtype 15"), "%s", err.msg);
-    cr_assert_eq (rx_cuplan_matmul (RX_Q4_0, 1, 48, 16, 0, 0, &p, &err), RX_EINVAL);
+    cr_assert_eq (rx_cuplan_matmul (RX_Q4_0, 1, 48, 16, 0, 0, 0, &p, &err), RX_EINVAL);
     cr_assert (strstr (err.msg, "in = 48"), "%s", err.msg);
-    cr_assert_eq (rx_cuplan_matmul (RX_Q4_K, 1, 128, 16, 0, 0, &p, &err), RX_EINVAL,
+    cr_assert_eq (rx_cuplan_matmul (RX_Q4_K, 1, 128, 16, 0, 0, 0, &p, &err), RX_EINVAL,
                   "K-quant rows hold whole 256-blocks");
-    cr_assert_eq (rx_cuplan_matmul (RX_F32, 1, 64, 0, 0, 0, &p, &err), RX_EINVAL);
-    cr_assert_eq (rx_cuplan_matmul (RX_F32, 1, 64, 64, 0, 0, NULL, &err), RX_EINVAL);
+    cr_assert_eq (rx_cuplan_matmul (RX_F32, 1, 64, 0, 0, 0, 0, &p, &err), RX_EINVAL);
+    cr_assert_eq (rx_cuplan_matmul (RX_F32, 1, 64, 64, 0, 0, 0, NULL, &err), RX_EINVAL);
 }
 
 Test (cuplan, launch_dims)
@@ -656,6 +657,134 @@ Test (cuplan, launch_dims)
     cr_assert_eq (rx_cuplan_attn_smem (128, 128), (128 + RX_CU_ATTN_TILE + 32) * 4);
     cr_assert_eq (rx_cuplan_attn_smem (576, 512), (576 + RX_CU_ATTN_TILE + 32) * 4,
                   "MLA latent: q of kv_lora + rope dims");
+}
+
+Test (cuplan, fast_matvec_kernel_choice)
+{
+    /* Off unless asked for ([kernels.cuda] matvec = fast). */
+    cr_assert_eq (rx_cuplan_mv_kernel (RX_BF16, 2048, 0), RX_CUMV_SIMPLE);
+    cr_assert_eq (rx_cuplan_mv_kernel (RX_BF16, 2048, 1), RX_CUMV_VEC);
+    cr_assert_eq (rx_cuplan_mv_kernel (RX_F16, 32, 1), RX_CUMV_VEC, "64-byte rows");
+    cr_assert_eq (rx_cuplan_mv_kernel (RX_F32, 32, 1), RX_CUMV_VEC);
+    cr_assert_eq (rx_cuplan_mv_kernel (RX_Q8_0, 2048, 1), RX_CUMV_STAGE, "2176-byte rows");
+    cr_assert_eq (rx_cuplan_mv_kernel (RX_Q8_0, 96, 1), RX_CUMV_SIMPLE, "102-byte rows are not 16-aligned");
+    cr_assert_eq (rx_cuplan_mv_kernel (RX_Q6_K, 512, 1), RX_CUMV_SIMPLE, "420-byte rows");
+    cr_assert_eq (rx_cuplan_mv_kernel (RX_Q6_K, 4096, 1), RX_CUMV_STAGE, "3360-byte rows");
+    cr_assert_eq (rx_cuplan_mv_kernel (RX_Q4_K, 5632, 1), RX_CUMV_STAGE, "3168-byte rows");
+    cr_assert_eq (rx_cuplan_mv_kernel (RX_Q8_K, 256, 1), RX_CUMV_SIMPLE, "no kernels for Q8_K");
+    struct rx_cumm_plan p;
+    struct rx_err err = { 0 };
+    cr_assert_eq (rx_cuplan_matmul (RX_Q4_0, 1, 4096, 4096, 0, 0, 1, &p, &err), RX_OK);
+    cr_assert_eq (p.mv_kernel, RX_CUMV_STAGE);
+    cr_assert_eq (rx_cuplan_matmul (RX_Q4_0, 1, 4096, 4096, 0, 0, 0, &p, &err), RX_OK);
+    cr_assert_eq (p.mv_kernel, RX_CUMV_SIMPLE);
+    cr_assert_eq (rx_cuplan_matmul (RX_BF16, 64, 4096, 4096, 0, 0, 1, &p, &err), RX_OK);
+    cr_assert_eq (p.path, RX_CUMM_GEMM, "the fast matvec does not change the GEMM threshold");
+}
+
+/* The staged matvec copies a row RX_CU_MV_STAGE elements at a time (as
+ * 16-byte vectors) and decodes chunk c of the staged bytes; that must be
+ * chunk e0 / 32 + c of the row, for every block type and every stage,
+ * including a partial last one.  Emulated here the way the kernel does it
+ * (copy then decode), against decoding the row in place. */
+Test (cuplan, staged_matvec_decodes_the_rows_chunks)
+{
+    const int dts[] = { RX_Q8_0, RX_Q4_0, RX_Q4_1, RX_Q4_K, RX_Q5_K, RX_Q6_K };
+    const size_t ins[] = { 256, 2048, 2560, 4096, 5632, 6144 + 512 };
+    uint64_t seed = 12345;
+    for (size_t d = 0; d < sizeof dts / sizeof dts[0]; d++) {
+        const size_t sb = rx_cuplan_mv_stage_bytes (dts[d]);
+        cr_assert_eq (sb, rx_cu_row_bytes (dts[d], RX_CU_MV_STAGE));
+        cr_assert_eq (sb % 16, 0, "dtype %d: a stage is whole 16-byte vectors", dts[d]);
+        for (size_t k = 0; k < sizeof ins / sizeof ins[0]; k++) {
+            const size_t in = ins[k], rb = rx_cu_row_bytes (dts[d], in);
+            if (rb == 0 || rx_cuplan_mv_kernel (dts[d], in, 1) != RX_CUMV_STAGE) continue;
+            uint8_t *row = malloc (rb), *buf = malloc (sb);
+            for (size_t i = 0; i < rb; i++) {
+                seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+                row[i] = (uint8_t) (seed >> 56);
+            }
+            /* finite fp16 scales: clear the exponent's top bit of every
+             * 16-bit word (any bytes are valid quants) */
+            for (size_t i = 1; i < rb; i += 2) row[i] &= 0x3f;
+            for (size_t e0 = 0; e0 < in; e0 += RX_CU_MV_STAGE) {
+                const size_t ne = in - e0 < RX_CU_MV_STAGE ? in - e0 : RX_CU_MV_STAGE;
+                const size_t nb = rx_cu_row_bytes (dts[d], ne);
+                cr_assert_eq (nb % 16, 0, "partial stage of %zu elements: whole vectors", ne);
+                memcpy (buf, row + e0 / RX_CU_MV_STAGE * sb, nb);
+                for (size_t c = 0; c < ne / 32; c++) {
+                    float a[32], b[32];
+                    rx_cu_deq32 (dts[d], buf, c, a);
+                    rx_cu_deq32 (dts[d], row, e0 / 32 + c, b);
+                    cr_assert (!memcmp (a, b, sizeof a), "dtype %d in %zu: stage %zu chunk %zu", dts[d],
+                               in, e0 / RX_CU_MV_STAGE, c);
+                }
+            }
+            free (row);
+            free (buf);
+        }
+    }
+    cr_assert_eq (rx_cuplan_mv_stage_bytes (RX_BF16), 0, "plain types are not staged");
+}
+
+Test (cuplan, tiled_attention_choice_and_smem)
+{
+    cr_assert (!rx_cuplan_attn_tiled (0, 64, 64, 512, 1), "off unless asked for");
+    cr_assert (rx_cuplan_attn_tiled (1, 64, 64, 512, 1), "a 512-token prefill");
+    cr_assert (rx_cuplan_attn_tiled (1, 128, 128, 43, 3), "prefill + decode + chunk");
+    cr_assert (!rx_cuplan_attn_tiled (1, 64, 64, 16, 16), "pure decode keeps a block per row");
+    cr_assert (!rx_cuplan_attn_tiled (1, 576, 512, 512, 1), "MLA absorbed dims");
+    cr_assert (!rx_cuplan_attn_tiled (1, 256, 256, 512, 1), "head dims over 128");
+    cr_assert (!rx_cuplan_attn_tiled (1, 64, 64, 0, 0));
+    const size_t sm = rx_cuplan_attn_tiled_smem (128, 128);
+    cr_assert_eq (sm, (size_t) (32 * 129 + 32 * 129 + 32 * 129 + 32 * 33) * 4);
+    cr_assert_leq (sm, 227u * 1024, "fits an sm_80/sm_90 block's opt-in shared memory");
+}
+
+Test (cuprof, table_sorted_and_totals)
+{
+    struct rx_cuprof *p = calloc (1, sizeof *p);
+    rx_cuprof_add (p, "rms_norm", 1.0);
+    rx_cuprof_add (p, "matmul.matvec.bf16", 4.0);
+    rx_cuprof_add (p, "rms_norm", 0.5);
+    rx_cuprof_add (p, "attention", 2.0);
+    p->syncs = 7;
+    cr_assert_eq (p->n, 3);
+    cr_assert_float_eq (p->total_ms, 7.5, 1e-12);
+    char out[2048];
+    size_t need = rx_cuprof_report (p, out, sizeof out);
+    cr_assert_eq (need, strlen (out));
+    const char *a = strstr (out, "matmul.matvec.bf16"), *b = strstr (out, "attention"),
+               *c = strstr (out, "rms_norm");
+    cr_assert (a && b && c && a < b && b < c, "largest total first:\n%s", out);
+    cr_assert (strstr (out, "2 calls      1.500 ms    750.00 us/call  20.0%"), "%s", out);
+    cr_assert (strstr (out, "total 7.500 ms of device time in ops, 7 stream synchronizations"), "%s", out);
+    /* Truncation: never past cap, ends at a line boundary, NUL-terminated. */
+    char small[100];
+    memset (small, 'x', sizeof small);
+    size_t n2 = rx_cuprof_report (p, small, sizeof small);
+    cr_assert_eq (n2, need, "the needed length, as snprintf");
+    cr_assert_lt (strlen (small), sizeof small);
+    cr_assert (strlen (small) == 0 || small[strlen (small) - 1] == '\n', "%s", small);
+    cr_assert_eq (rx_cuprof_report (p, NULL, 0), need, "a size query");
+    free (p);
+}
+
+Test (cuprof, overflowing_names_go_to_other)
+{
+    struct rx_cuprof *p = calloc (1, sizeof *p);
+    char name[40];
+    for (int i = 0; i < RX_CUPROF_MAX + 10; i++) {
+        snprintf (name, sizeof name, "op%d", i);
+        rx_cuprof_add (p, name, 1.0);
+    }
+    cr_assert_eq (p->n, RX_CUPROF_MAX);
+    cr_assert_str_eq (p->rows[RX_CUPROF_MAX - 1].name, "(other)");
+    cr_assert_eq (p->rows[RX_CUPROF_MAX - 1].calls, 11, "op95..op105");
+    rx_cuprof_add (p, "op3", 1.0);
+    cr_assert_eq (p->rows[3].calls, 2, "a known name still finds its row");
+    cr_assert_float_eq (p->total_ms, RX_CUPROF_MAX + 11.0, 1e-9);
+    free (p);
 }
 
 /* --------------------------------------------------------------- kcuda -- */
@@ -696,8 +825,8 @@ Test (kcuda, loads_through_the_loader, .timeout = 300)
     cr_assert_str_eq (d->name, "cuda", "[kernels] backend = cuda picks it");
     cr_assert_eq (d->kind, RX_KIND_KERNELS);
     cr_assert_eq (d->abi_major, RX_ABI_MAJOR);
-    const char *want[] = { "matvec_max_rows", "graphs", "chunk_mb" };
-    for (size_t i = 0; i < 3; i++) {
+    const char *want[] = { "matvec_max_rows", "graphs", "chunk_mb", "matvec", "attention", "profile" };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         int found = 0;
         for (const struct rx_cfg_key *k = d->keys; k && k->name; k++) found |= strcmp (k->name, want[i]) == 0;
         cr_assert (found, "key %s", want[i]);
