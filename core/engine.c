@@ -584,6 +584,7 @@ rx_engine_t *rx_engine_new (struct rx_boot *b, const struct rx_engine_opts *o, s
         .dp_attn = e->dp_attention && e->tp_size > 1,
         .ep_size = e->ep_size,
         .two_batch_overlap = rx_conf_bool (b->conf, "scheduler", "two_batch_overlap", 0),
+        .cuda_graph_max_bs = (int32_t) rx_conf_int (b->conf, "scheduler", "cuda_graph_max_bs", 0),
     };
     if ((rc = rx_eplb_rt_new (b->conf, e->gguf, e->arch, &e->eplb, err)) != RX_OK) goto fail;
     rx_eplb_rt_env (e->eplb, &env);

@@ -86,6 +86,9 @@ static const struct rx_cfg_key s_scheduler[] = {
     { "two_batch_overlap", RX_CFG_BOOL, "false",
       "split each batch of an MoE model into two micro-batches and overlap one's computation with the other's expert dispatch/combine (same outputs; docs/parallel.md)",
       0, 0, NULL },
+    { "cuda_graph_max_bs", RX_CFG_INT, "0",
+      "decode steps of up to this many sequences replay a CUDA graph captured per batch size (kernel backends that capture, e.g. cuda; 0 = off; docs/gpu.md)",
+      0, 4096, NULL },
     { NULL, 0, NULL, NULL, 0, 0, NULL }
 };
 

@@ -166,6 +166,13 @@ struct ll_model {
      * flight per instance), made by reserve() when the dispatcher has the
      * asynchronous ops, and micro-batch 1's rebased q_start / kv_start. */
     int32_t tbo;
+    /* CUDA graphs (env->cuda_graph_max_bs, see s_forward_graph): decode
+     * steps of up to graph_max_bs sequences replay a graph captured per
+     * batch size; graph_for[n] is the (logits, staging) pair graph n was
+     * captured with (a step with other buffers captures it again).
+     * graph_max_bs drops to 0 when the backend cannot capture. */
+    int32_t graph_max_bs;
+    struct ll_graph { const float *logits; const int32_t *stage; } *graph_for;
     struct rx_tbo tbo_state;                     /* moe2 re-made when moe_n_phys changes */
 };
 
@@ -457,6 +464,7 @@ static void s_destroy (void *p)
     if (m->copies) m->host->free_ (m->host, m->copies);
     if (m->layers) m->host->free_ (m->host, m->layers);
     if (m->dp_cnt_h) m->host->free_ (m->host, m->dp_cnt_h);
+    if (m->graph_for) m->host->free_ (m->host, m->graph_for);
     m->host->free_ (m->host, m);
 }
 
@@ -767,6 +775,16 @@ static int s_create (const struct rx_host *host, const struct rx_model_src *src,
         m->moe_ops = env->moe;
         m->moe_host = env->moe_host ? env->moe_host : host;
         m->moe_max_tokens = env->moe_max_tokens > 0 ? env->moe_max_tokens : 0;
+    }
+    if (env->struct_size >= offsetof (struct rx_model_env, cuda_graph_max_bs) + sizeof env->cuda_graph_max_bs &&
+        env->cuda_graph_max_bs > 0) {
+        m->graph_max_bs = env->cuda_graph_max_bs;
+        size_t gb = ((size_t) m->graph_max_bs + 1) * sizeof *m->graph_for;
+        if (!(m->graph_for = host->alloc (host, gb, 0))) {
+            s_destroy (m);
+            return rx_err_set (err, RX_ENOMEM, "model-llama: create: out of memory");
+        }
+        memset (m->graph_for, 0, gb);
     }
     m->tbo = env->struct_size >= offsetof (struct rx_model_env, two_batch_overlap) + sizeof env->two_batch_overlap
              && env->two_batch_overlap;
@@ -1181,6 +1199,56 @@ static int s_forward_tbo (struct ll_model *m, const struct rx_model_batch *b, in
     return n > 0 ? s_logits (m, b, err) : RX_OK;
 }
 
+static int s_forward_eager (struct ll_model *m, const struct rx_model_batch *b,
+                            const struct rx_model_batch_dev *dvp, int32_t M, struct rx_err *err);
+
+/* CUDA graphs ([scheduler] cuda_graph_max_bs, SGLang's cuda_graph_max_bs):
+ * a decode step (one row per sequence, logits for every row) of n <=
+ * graph_max_bs sequences replays the graph captured for n; the first such
+ * step captures it.  Everything a step varies -- tokens, positions, slots,
+ * KV lengths -- is read by the kernels from the staging buffer uploaded
+ * before the replay, at the same device address every step; the launch
+ * shapes depend only on n.  A step with another logits or staging buffer
+ * (the engine grew one) captures again.  Only the plain case: one rank
+ * (no collectives in the graph), dense, an attention backend without a
+ * host-side prepare.  A backend without graphs (kernels-cpu) answers
+ * graph_begin with RX_ENOTSUP: the model then runs every step op by op. */
+static int s_graph_step (const struct ll_model *m, const struct rx_model_batch *b)
+{
+    return m->graph_max_bs > 0 && b->n_tokens <= m->graph_max_bs && b->n_tokens == b->n_seq &&
+           b->n_out == b->n_tokens && m->n_rank == 1 && m->n_expert == 0 &&
+           !RX_HAS (struct rx_attn_ops, m->attn_ops, prepare);
+}
+
+#define LL_GRAPH_KEY 0x6c6c616d61000000ull   /* "llama" << 24 | batch size */
+
+static int s_forward_graph (struct ll_model *m, const struct rx_model_batch *b,
+                            const struct rx_model_batch_dev *dv, struct rx_err *err)
+{
+    const struct rx_kernels_ops *K = m->k.ops;
+    const int32_t n = b->n_tokens;
+    const uint64_t key = LL_GRAPH_KEY | (uint64_t) n;
+    struct ll_graph *g = &m->graph_for[n];
+    if (!K->graph_has (m->k.be, key) || g->logits != b->logits || g->stage != dv->tokens) {
+        int rc = K->graph_begin (m->k.be, m->k.stream, key, err);
+        if (rc == RX_ENOTSUP) {
+            m->graph_max_bs = 0;   /* the backend cannot capture: op by op from now on */
+            rx_err_clear (err);
+            return s_forward_eager (m, b, dv, 0, err);
+        }
+        if (rc != RX_OK) return rc;
+        rc = s_forward_eager (m, b, dv, 0, err);
+        /* End the capture whatever happened, so the stream is usable. */
+        struct rx_err e2 = { 0 };
+        int rc2 = K->graph_end (m->k.be, m->k.stream, key, rc == RX_OK ? err : &e2);
+        if (rc != RX_OK) return rc;
+        if (rc2 != RX_OK) return rc2;
+        g->logits = b->logits;
+        g->stage = dv->tokens;
+    }
+    return K->graph_launch (m->k.be, m->k.stream, key, err);
+}
+
 static int s_forward (void *p, const struct rx_model_batch *b, struct rx_err *err)
 {
     struct ll_model *m = p;
@@ -1204,12 +1272,21 @@ static int s_forward (void *p, const struct rx_model_batch *b, struct rx_err *er
         }
         return RX_OK;
     }
+    struct rx_model_batch_dev dv;
+    LL_TRY (rx_model_stage_upload (&m->stage, m->host, &m->k, m->max_tokens, b, "model-llama", &dv, err));
+    if (s_graph_step (m, b)) return s_forward_graph (m, b, &dv, err);
+    return s_forward_eager (m, b, &dv, M, err);
+}
+
+/* One step's layers and logits, op by op (or being captured). */
+static int s_forward_eager (struct ll_model *m, const struct rx_model_batch *b,
+                            const struct rx_model_batch_dev *dvp, int32_t M, struct rx_err *err)
+{
     const struct rx_kernels_ops *K = m->k.ops;
     void *be = m->k.be;
     rx_kstream_t *st = m->k.stream;
-    const int32_t n = b->n_tokens, T = m->max_tokens;
-    struct rx_model_batch_dev dv;
-    LL_TRY (rx_model_stage_upload (&m->stage, m->host, &m->k, T, b, "model-llama", &dv, err));
+    const int32_t n = b->n_tokens;
+    const struct rx_model_batch_dev dv = *dvp;
     const int32_t *d_tok = dv.tokens, *d_pos = dv.pos, *d_new = dv.new_slots;
 
     const struct rx_attn_batch ab = {

@@ -20,11 +20,16 @@
 #                 `radix bench` batch-1 decode, prefill of 512 tokens and
 #                 batched decode at 1/16/64, against the measured
 #                 device-to-device copy bandwidth and cuBLAS BF16 GEMM rate
-#                 (tests/gpu/gpu_peak.cu).
+#                 (tests/gpu/gpu_peak.cu), then one short run with the
+#                 per-op profiler (RADIX_KCUDA_PROFILE=1, bench-*-profile.log).
+# Steps 3, 4 and 6 run once per kernel set: "simple" (the defaults) and
+# "fast" ([kernels.cuda] matvec = fast, attention = tiled, and for the
+# models and the bench [scheduler] cuda_graph_max_bs = 64: decode steps
+# replayed as CUDA graphs); KERNELS=simple or KERNELS=fast runs one.
 # Full logs go to OUTDIR; the short table is printed last.  Exit status:
 # 0 if every check passed, 1 otherwise (the table says which).
 #
-# Environment: JOBS (make -j, default nproc), CUDA_HOME (default
+# Environment: KERNELS (simple|fast|both, default both), JOBS (make -j, default nproc), CUDA_HOME (default
 # /usr/local/cuda), SKIP_BENCH=1 to stop after step 5, RX_GPU_BUILD=DIR to
 # reuse a configured build folder (a rerun) instead of OUTDIR/build,
 # SKIP_MAKE=1 to use that folder as it is.
@@ -94,25 +99,46 @@ else
   row host-tests FAIL "see host.log"
 fi
 
-# --------------------------------------------------------------------- ops --
-timeout 300 "$B/tests/gpu/compare" > "$OUT/compare.log" 2>&1
-rc=$?
-case $rc in
-  0) row ops-vs-cpu ok "$(tail -1 "$OUT/compare.log")" ;;
-  77) row ops-vs-cpu FAIL "no usable GPU: $(grep SKIP "$OUT/compare.log")"; finish ;;
-  *) row ops-vs-cpu FAIL "$(grep -c '^FAIL' "$OUT/compare.log") failed (compare.log), rc $rc" ;;
+# The kernel sets: the defaults, and the fast kernels (docs/gpu.md).
+case ${KERNELS:-both} in
+  simple) SETS=simple ;;
+  fast) SETS=fast ;;
+  *) SETS="simple fast" ;;
 esac
+FAST_KEYS='matvec = fast\nattention = tiled'   # \n: two characters, for printf
+# ini SET [nograph] -> a file with the engine configuration of that kernel
+# set (nograph: no CUDA graphs, for the profiler, which times ops one by
+# one).  A fixed [cache] kv_memory keeps the runs comparable.
+ini() {
+  f=$OUT/cuda-$1${2:+-$2}.ini
+  printf '[kernels]\nbackend = cuda\n[kernels.cuda]\n' > "$f"
+  [ "$1" = fast ] && printf "$FAST_KEYS\n" >> "$f"
+  printf '[cache]\nkv_memory = 4GiB\n' >> "$f"
+  [ "$1" = fast ] && [ -z "${2:-}" ] && printf '[scheduler]\ncuda_graph_max_bs = 64\n' >> "$f"
+  echo "$f"
+}
+
+# --------------------------------------------------------------------- ops --
+for k in $SETS; do
+  ci=
+  [ "$k" = fast ] && ci="[kernels.cuda]\\n$FAST_KEYS"
+  RX_COMPARE_INI="$ci" timeout 300 "$B/tests/gpu/compare" > "$OUT/compare-$k.log" 2>&1
+  rc=$?
+  case $rc in
+    0) row "ops-vs-cpu $k" ok "$(tail -1 "$OUT/compare-$k.log")" ;;
+    77) row "ops-vs-cpu $k" FAIL "no usable GPU: $(grep SKIP "$OUT/compare-$k.log")"; finish ;;
+    *) row "ops-vs-cpu $k" FAIL "$(grep -c '^FAIL' "$OUT/compare-$k.log") failed (compare-$k.log), rc $rc" ;;
+  esac
+done
 
 # ------------------------------------------------------------------ models --
-CUDA_INI=$OUT/cuda.ini
-# A fractional [cache] kv_memory is a share of the *host's* MemAvailable
-# (core/kvpool.c), which could be more than the GPU holds: give a size.
-printf '[kernels]\nbackend = cuda\n[cache]\nkv_memory = 4GiB\n' > "$CUDA_INI"
-if RX_MODELS_REF_INI="$CUDA_INI" timeout 300 "$B/tests/unit/test_models_ref" --jobs=4 > "$OUT/models_ref.log" 2>&1; then
-  row models-ref ok "$(grep -o 'Tested: [0-9]* | Passing: [0-9]*' "$OUT/models_ref.log" | tail -1)"
-else
-  row models-ref FAIL "$(grep -o 'Tested: .*' "$OUT/models_ref.log" | tail -1) (models_ref.log)"
-fi
+for k in $SETS; do
+  if RX_MODELS_REF_INI="$(ini $k)" timeout 300 "$B/tests/unit/test_models_ref" --jobs=4 > "$OUT/models_ref-$k.log" 2>&1; then
+    row "models-ref $k" ok "$(grep -o 'Tested: [0-9]* | Passing: [0-9]*' "$OUT/models_ref-$k.log" | tail -1)"
+  else
+    row "models-ref $k" FAIL "$(grep -o 'Tested: .*' "$OUT/models_ref-$k.log" | tail -1) (models_ref-$k.log)"
+  fi
+done
 
 # ------------------------------------------------------------------- ranks --
 # DP attention + EP: conf/radixd-dp-attention.ini, two ranks on this GPU
@@ -177,9 +203,10 @@ for t in bf16 q8_0; do
     row "bench $t" FAIL "gguf-gen (gguf-gen-$t.log)"
     continue
   fi
-  if timeout 300 "$B/tools/radix" bench --config "$CUDA_INI" --model "$m" --pp 512 --tg 64 \
-       --batch 1,16,64 --reps 3 --bw-mib 64 --json > "$OUT/bench-$t.json" 2> "$OUT/bench-$t.log"; then
-    python3 - "$OUT/bench-$t.json" "$(peak d2d_GBps)" "$(peak gemm_bf16_512_TFLOPS)" "$t" >> "$OUT/bench-table.txt" <<'EOF'
+  for k in $SETS; do
+  if timeout 300 "$B/tools/radix" bench --config "$(ini $k)" --model "$m" --pp 512 --tg 64 \
+       --batch 1,16,64 --reps 3 --bw-mib 64 --json > "$OUT/bench-$t-$k.json" 2> "$OUT/bench-$t-$k.log"; then
+    python3 - "$OUT/bench-$t-$k.json" "$(peak d2d_GBps)" "$(peak gemm_bf16_512_TFLOPS)" "$t $k" >> "$OUT/bench-table.txt" <<'EOF'
 import json, sys
 j = json.load(open(sys.argv[1]))
 bw = float(sys.argv[2] or 0); tf = float(sys.argv[3] or 0); t = sys.argv[4]
@@ -188,7 +215,7 @@ wb = j["model_bytes"]; npar = j["n_params"]
 tg = [r for r in j["tests"] if r["kind"] == "tg"]
 pp = [r for r in j["tests"] if r["kind"] == "pp"]
 bt = [r for r in j["tests"] if r["kind"] == "batch"]
-line = "%-5s %6.2f GB" % (t, wb / 1e9)
+line = "%-11s %6.2f GB" % (t, wb / 1e9)
 if tg:
     tps = tg[0]["tok_s"]; ach = wb * tps / 1e9
     line += " | decode b1 %7.1f tok/s, %6.0f GB/s = %3.0f%% of d2d" % (tps, ach, 100 * ach / bw if bw else 0)
@@ -199,10 +226,17 @@ if bt:
     line += " | batch " + " ".join("b%d %.0f" % (r["batch"], r["tok_s"]) for r in bt) + " tok/s"
 print(line)
 EOF
-    row "bench $t" ok "$(tail -1 "$OUT/bench-table.txt")"
+    row "bench $t $k" ok "$(tail -1 "$OUT/bench-table.txt")"
   else
-    row "bench $t" FAIL "radix bench (bench-$t.log)"
+    row "bench $t $k" FAIL "radix bench (bench-$t-$k.log)"
   fi
+  # Where the time goes: every op timed with CUDA events (a short run; the
+  # events cost a little per op, so these are not the bench's numbers).
+  RADIX_KCUDA_PROFILE=1 timeout 120 "$B/tools/radix" bench --config "$(ini $k nograph)" --model "$m" \
+    --pp 512 --tg 32 --batch 1 --reps 1 --bw-mib 0 > /dev/null 2> "$OUT/bench-$t-$k-profile.log"
+  row "profile $t $k" info "$(grep 'profile: ' "$OUT/bench-$t-$k-profile.log" | grep -v 'profile: total' |
+      head -4 | sed 's/.*profile: *//' | awk '{printf "%s%s %s ms %s", NR > 1 ? "; " : "", $1, $4, $NF}')"
+  done
 done
 echo "targets (issue 9): decode b1 >= 70% of d2d bandwidth; pp512 >= 50% of cuBLAS BF16" >> "$SUMMARY"
 finish

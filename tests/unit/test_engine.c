@@ -517,6 +517,53 @@ Test (engine, truncate_then_refeed_gives_the_same_logits)
     free (m);
 }
 
+/* [scheduler] cuda_graph_max_bs on a backend that cannot capture
+ * (kernels-cpu answers graph_begin with RX_ENOTSUP): model-llama runs every
+ * step op by op, with the same logits as without the key -- decode steps
+ * at and above the graph batch limit, a prefill, and the steps after the
+ * first refusal. */
+Test (engine, cuda_graph_max_bs_without_graphs_decodes_op_by_op)
+{
+    char *m = s_model ("tiny-llama.gguf");
+    struct rx_boot b[2];
+    rx_engine_t *e[2] = { s_engine (&b[0], NULL, m, 128, 16),
+                          s_engine (&b[1], "[scheduler]\ncuda_graph_max_bs = 2\n", m, 128, 16) };
+    struct rx_err err = { 0 };
+    const int V = 32000;
+    float *lg[2] = { malloc (3 * V * sizeof (float)), malloc (3 * V * sizeof (float)) };
+    int32_t prompt[3][3] = { { 1, 450, 7483 }, { 1, 310, 3444 }, { 1, 338, 263 } };
+    int seq[2][3];
+    for (int j = 0; j < 3; j++)
+        for (int i = 0; i < 2; i++) {
+            seq[i][j] = rx_engine_seq_new (e[i], 16, &err);
+            cr_assert_geq (seq[i][j], 0, "%s", err.msg);
+            struct rx_engine_req r = { seq[i][j], 3, prompt[j], 0 };
+            cr_assert_eq (rx_engine_step (e[i], &r, 1, lg[i], &err), RX_OK, "%s", err.msg);
+            cr_assert (!memcmp (lg[0], lg[i], (size_t) V * sizeof (float)), "prefill %d", j);
+        }
+    /* Decode: batches of 1, 2 (graph-sized) and 3 (above the limit). */
+    const int bs[] = { 1, 2, 2, 3, 1, 2 };
+    for (size_t k = 0; k < sizeof bs / sizeof bs[0]; k++) {
+        for (int i = 0; i < 2; i++) {
+            struct rx_engine_req r[3];
+            int32_t tok[3];
+            for (int j = 0; j < bs[k]; j++) {
+                tok[j] = (int32_t) (100 + 7 * k + j);
+                r[j] = (struct rx_engine_req) { seq[i][j], 1, &tok[j], 0 };
+            }
+            cr_assert_eq (rx_engine_step (e[i], r, bs[k], lg[i], &err), RX_OK, "step %zu: %s", k, err.msg);
+        }
+        cr_assert (!memcmp (lg[0], lg[1], (size_t) bs[k] * V * sizeof (float)),
+                   "decode step %zu (batch %d): the same logits", k, bs[k]);
+    }
+    for (int i = 0; i < 2; i++) {
+        free (lg[i]);
+        rx_engine_destroy (&e[i]);
+        rx_boot_close (&b[i]);
+    }
+    free (m);
+}
+
 /* A raw batch over chosen slots; the model plugin checks it. */
 static void s_raw_fails (rx_engine_t *e, struct rx_model_batch *bt, float *l, const char *want)
 {

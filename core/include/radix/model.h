@@ -162,6 +162,14 @@ struct rx_model_env {
      * (empty ones when it cannot split) so their collectives match.  A
      * dense model ignores it.  0 (or absent: a shorter env) = off. */
     int32_t two_batch_overlap;
+    /* [scheduler] cuda_graph_max_bs: decode steps of up to this many
+     * sequences may be captured once per batch size as a graph of the
+     * kernel backend (radix/kernel.h graph_begin ..) and replayed after;
+     * the model decides which steps qualify (model-llama: one rank, dense,
+     * logits for every row) and runs the others op by op, as it does all
+     * of them on a backend that cannot capture.  Outputs are the same.
+     * 0 (or absent: a shorter env) = never capture. */
+    int32_t cuda_graph_max_bs;
 };
 
 /* What the core needs to know about an instance. */
