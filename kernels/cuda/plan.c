@@ -54,9 +54,10 @@ int rx_cuplan_mv_kernel (int dtype, size_t in, int fast)
 }
 
 int rx_cuplan_matmul (int dtype, size_t n, size_t in, size_t out, size_t matvec_max_rows,
-                      size_t slice_bytes, int fast_mv, struct rx_cumm_plan *p,
+                      size_t slice_bytes, unsigned flags, struct rx_cumm_plan *p,
                       struct rx_err *err)
 {
+    const int half = (flags & RX_CUPLAN_HALF_GEMM) != 0;
     if (!p) return rx_err_set (err, RX_EINVAL, "kernels-cuda matmul plan: NULL plan");
     *p = (struct rx_cumm_plan) { 0 };
     if (rx_cu_blk_elems (dtype) == 0)
@@ -76,7 +77,7 @@ int rx_cuplan_matmul (int dtype, size_t n, size_t in, size_t out, size_t matvec_
         p->block_x = 32 * RX_CU_MV_WARPS;
         p->grid_x = rx_cuplan_blocks (out, RX_CU_MV_WARPS, 0);
         p->row_passes = (uint32_t) ((n + RX_CU_MV_MAX_ROWS - 1) / RX_CU_MV_MAX_ROWS);
-        p->mv_kernel = rx_cuplan_mv_kernel (dtype, in, fast_mv);
+        p->mv_kernel = rx_cuplan_mv_kernel (dtype, in, (flags & RX_CUPLAN_FAST_MV) != 0);
         return RX_OK;
     }
     p->path = RX_CUMM_GEMM;
@@ -87,21 +88,27 @@ int rx_cuplan_matmul (int dtype, size_t n, size_t in, size_t out, size_t matvec_
     /* Quantized W is dequantized to F32 (exact) for an F32 GEMM: the F16
      * rounding of the dequantized weights (~2^-12) flipped the activation
      * quantization of later layers often enough to move the logits of
-     * the quantized reference models by 0.1 (H200 run). */
-    default:         p->gtype = RX_CUMM_G_F32; p->dequant_w = 1; break;
+     * the quantized reference models by 0.1 (H200 run).  Half GEMMs: to
+     * F16, one tensor-core pass. */
+    default:
+        p->gtype = half ? RX_CUMM_G_F16 : RX_CUMM_G_F32;
+        p->dequant_w = 1;
+        p->convert_x = half;
+        break;
     }
     p->out_slice = out;
     if (p->dequant_w) {
         /* Dequantize W slice by slice so the scratch stays bounded; slices
          * are multiples of 64 rows (whole GEMM tiles). */
-        size_t rows = slice_bytes / (in * 4);
+        const size_t esz = p->gtype == RX_CUMM_G_F32 ? 4 : 2;
+        size_t rows = slice_bytes / (in * esz);
         rows = rows / 64 * 64;
         if (rows < 64) rows = 64;
         if (rows < out) p->out_slice = rows;
-        p->w_scratch = p->out_slice * in * 4;
+        p->w_scratch = p->out_slice * in * esz;
     }
     if (p->convert_x) {
-        p->x_parts = p->gtype == RX_CUMM_G_BF16 ? 3 : 2;
+        p->x_parts = half ? 1 : p->gtype == RX_CUMM_G_BF16 ? 3 : 2;
         p->x_part_scale = p->gtype == RX_CUMM_G_BF16 ? 256.f : 2048.f;
         p->x_scratch = (size_t) p->x_parts * n * in * 2;
     }

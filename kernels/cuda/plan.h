@@ -52,10 +52,10 @@ enum rx_cumm_gtype { RX_CUMM_G_F32 = 0, RX_CUMM_G_F16 = 1, RX_CUMM_G_BF16 = 2 };
 struct rx_cumm_plan {
     int      path;          /* enum rx_cumm_path */
     int      gtype;         /* GEMM: enum rx_cumm_gtype of both operands */
-    int      dequant_w;     /* GEMM: W must be dequantized to F16 first */
+    int      dequant_w;     /* GEMM: W must be dequantized to gtype (F32, or F16) first */
     int      convert_x;     /* GEMM: X must be converted to gtype first */
     size_t   out_slice;     /* GEMM: output rows per cuBLAS call (W scratch bound) */
-    size_t   w_scratch;     /* bytes of W scratch (one slice, F16) */
+    size_t   w_scratch;     /* bytes of W scratch (one slice of gtype) */
     size_t   x_scratch;     /* bytes of X scratch (x_parts x n x in of gtype) */
     /* Numerics (docs/gpu.md "Numerics"): activations are treated as
      * kernels-cpu treats them.  act_qblk (32 or 256, 0 for float weights):
@@ -63,7 +63,8 @@ struct rx_cumm_plan {
      * (n x in F32) as the CPU quantizes it for its integer dots.  GEMM:
      * X is split into x_parts half-precision parts (F16: 2, scale 2^11;
      * BF16: 3, scale 2^8) run as x_parts GEMMs accumulating in F32, so the
-     * activations keep ~22 (F16) / 24 (BF16) bits as the CPU's F32 ones. */
+     * activations keep ~22 (F16) / 24 (BF16) bits as the CPU's F32 ones
+     * (RX_CUPLAN_HALF_GEMM: one part, the precision GPU engines use). */
     int      act_qblk;
     int      x_parts;
     float    x_part_scale;
@@ -75,14 +76,20 @@ struct rx_cumm_plan {
     int      mv_kernel;
 };
 
+/* rx_cuplan_matmul flags. */
+#define RX_CUPLAN_FAST_MV   1u   /* the fast matvec kernels where the row allows
+                                  * (rx_cuplan_mv_kernel; [kernels.cuda] matvec = fast) */
+#define RX_CUPLAN_HALF_GEMM 2u   /* GEMMs in one half-precision tensor-core pass: F16/BF16
+                                  * X rounded to the weight's type, quantized W dequantized
+                                  * to F16 ([kernels.cuda] gemm_activations = half) */
+
 /* dtype: the weight's enum rx_dtype; n activation rows; W is [in, out].
  * matvec_max_rows: n <= this takes the matvec path (1..RX_CU_MV_MAX_ROWS x
  * any passes; 0 = default 4); slice_bytes bounds the dequantized-W scratch
- * (0 = 64 MiB); fast_mv: use the fast matvec kernels where the row allows
- * (rx_cuplan_mv_kernel).  RX_ENOTSUP for a dtype without kernels,
- * RX_EINVAL for bad sizes. */
+ * (0 = 64 MiB); flags: RX_CUPLAN_*.  RX_ENOTSUP for a dtype without
+ * kernels, RX_EINVAL for bad sizes. */
 int rx_cuplan_matmul (int dtype, size_t n, size_t in, size_t out, size_t matvec_max_rows,
-                      size_t slice_bytes, int fast_mv, struct rx_cumm_plan *p,
+                      size_t slice_bytes, unsigned flags, struct rx_cumm_plan *p,
                       struct rx_err *err);
 
 /* The matvec kernel for a weight of dtype with in elements per row:

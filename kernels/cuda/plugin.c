@@ -72,6 +72,7 @@ struct s_cuda {
     size_t mv_rows;                /* [kernels.cuda] matvec_max_rows */
     int fast_mv;                   /* [kernels.cuda] matvec = fast */
     int attn_tiled;                /* [kernels.cuda] attention = tiled */
+    int half_gemm;                 /* [kernels.cuda] gemm_activations = half */
     struct rx_cuprof *prof;        /* [kernels.cuda] profile: NULL when off */
     struct s_pev *pev;             /* S_PROF_RING pairs, events created lazily */
     size_t n_pev;
@@ -98,6 +99,11 @@ static const struct rx_cfg_key s_keys[] = {
       "attention kernel: simple (a block per query row and head, verified on an H200) or tiled "
       "(query tiles share K/V tiles in shared memory; not yet run on a GPU, see docs/gpu.md)", 0, 0,
       "simple|tiled" },
+    { "gemm_activations", RX_CFG_ENUM, "f32",
+      "GEMM path (more than matvec_max_rows rows): f32 keeps kernels-cpu's numerics (F16/BF16 "
+      "weights: activations split in 2-3 half parts, one GEMM each; quantized: F32 GEMM) or half "
+      "(one tensor-core pass with activations rounded to F16/BF16, as GPU engines run; misses the "
+      "reference-model tolerances)", 0, 0, "f32|half" },
     { "profile", RX_CFG_BOOL, "false",
       "time every op with CUDA events and log a per-op table when the backend is destroyed "
       "(also RADIX_KCUDA_PROFILE=1; adds a little overhead per op)", 0, 0, NULL },
@@ -310,6 +316,7 @@ static int s_create (const struct rx_host *host, const struct rx_kernels_params 
     int rc = RX_OK;
     c->fast_mv = !strcmp (s_cfg_str (host, "matvec", "simple"), "fast");
     c->attn_tiled = !strcmp (s_cfg_str (host, "attention", "simple"), "tiled");
+    c->half_gemm = !strcmp (s_cfg_str (host, "gemm_activations", "f32"), "half");
     const char *penv = getenv ("RADIX_KCUDA_PROFILE");
     if (s_cfg_bool (host, "profile", 0) || (penv && *penv && strcmp (penv, "0"))) {
         if (!(c->prof = calloc (1, sizeof *c->prof)) ||
@@ -353,8 +360,10 @@ static int s_create (const struct rx_host *host, const struct rx_kernels_params 
         goto fail;
     }
     RX_HLOG (host, RX_LOG_INFO, "device %d: %s, %.1f GiB, matvec up to %zu rows (%s), "
-             "attention %s%s", device, c->dev_name, (double) c->mem_bytes / (1u << 30), c->mv_rows,
+             "attention %s, gemm activations %s%s", device, c->dev_name,
+             (double) c->mem_bytes / (1u << 30), c->mv_rows,
              c->fast_mv ? "fast" : "simple", c->attn_tiled ? "tiled" : "simple",
+             c->half_gemm ? "half" : "f32",
              c->prof ? ", profiling every op" : "");
     *be = c;
     return RX_OK;
@@ -819,7 +828,8 @@ static int s_matmul (void *be, rx_kstream_t *s, const rx_kweight_t *w, int exper
         ldy = out;
     }
     struct rx_cumm_plan pl;
-    int rc = rx_cuplan_matmul (w->dtype, n, in, out, c->mv_rows, 0, c->fast_mv, &pl, err);
+    const unsigned pf = (c->fast_mv ? RX_CUPLAN_FAST_MV : 0u) | (c->half_gemm ? RX_CUPLAN_HALF_GEMM : 0u);
+    int rc = rx_cuplan_matmul (w->dtype, n, in, out, c->mv_rows, 0, pf, &pl, err);
     if (rc != RX_OK) return rc;
     if (c->prof) {
         char pn[40];

@@ -25,7 +25,9 @@
 # Steps 3, 4 and 6 run once per kernel set: "simple" (the defaults) and
 # "fast" ([kernels.cuda] matvec = fast, attention = tiled, and for the
 # models and the bench [scheduler] cuda_graph_max_bs = 64: decode steps
-# replayed as CUDA graphs); KERNELS=simple or KERNELS=fast runs one.
+# replayed as CUDA graphs; for the bench also gemm_activations = half,
+# which gives up the CPU-identical numerics the reference models need);
+# KERNELS=simple or KERNELS=fast runs one.
 # Full logs go to OUTDIR; the short table is printed last.  Exit status:
 # 0 if every check passed, 1 otherwise (the table says which).
 #
@@ -106,15 +108,20 @@ case ${KERNELS:-both} in
   *) SETS="simple fast" ;;
 esac
 FAST_KEYS='matvec = fast\nattention = tiled'   # \n: two characters, for printf
-# ini SET [nograph] -> a file with the engine configuration of that kernel
-# set (nograph: no CUDA graphs, for the profiler, which times ops one by
-# one).  A fixed [cache] kv_memory keeps the runs comparable.
+# ini SET [USE] -> a file with the engine configuration of that kernel set
+# for USE: models (the default), bench (fast: half GEMMs too) or profile
+# (as bench without CUDA graphs: the profiler times ops one by one).  A
+# fixed [cache] kv_memory keeps the runs comparable.
 ini() {
-  f=$OUT/cuda-$1${2:+-$2}.ini
+  use=${2:-models}
+  f=$OUT/cuda-$1-$use.ini
   printf '[kernels]\nbackend = cuda\n[kernels.cuda]\n' > "$f"
-  [ "$1" = fast ] && printf "$FAST_KEYS\n" >> "$f"
+  if [ "$1" = fast ]; then
+    printf "$FAST_KEYS\n" >> "$f"
+    [ "$use" != models ] && printf 'gemm_activations = half\n' >> "$f"
+  fi
   printf '[cache]\nkv_memory = 4GiB\n' >> "$f"
-  [ "$1" = fast ] && [ -z "${2:-}" ] && printf '[scheduler]\ncuda_graph_max_bs = 64\n' >> "$f"
+  [ "$1" = fast ] && [ "$use" != profile ] && printf '[scheduler]\ncuda_graph_max_bs = 64\n' >> "$f"
   echo "$f"
 }
 
@@ -204,7 +211,7 @@ for t in bf16 q8_0; do
     continue
   fi
   for k in $SETS; do
-  if timeout 300 "$B/tools/radix" bench --config "$(ini $k)" --model "$m" --pp 512 --tg 64 \
+  if timeout 300 "$B/tools/radix" bench --config "$(ini $k bench)" --model "$m" --pp 512 --tg 64 \
        --batch 1,16,64 --reps 3 --bw-mib 64 --json > "$OUT/bench-$t-$k.json" 2> "$OUT/bench-$t-$k.log"; then
     python3 - "$OUT/bench-$t-$k.json" "$(peak d2d_GBps)" "$(peak gemm_bf16_512_TFLOPS)" "$t $k" >> "$OUT/bench-table.txt" <<'EOF'
 import json, sys
@@ -232,7 +239,7 @@ EOF
   fi
   # Where the time goes: every op timed with CUDA events (a short run; the
   # events cost a little per op, so these are not the bench's numbers).
-  RADIX_KCUDA_PROFILE=1 timeout 120 "$B/tools/radix" bench --config "$(ini $k nograph)" --model "$m" \
+  RADIX_KCUDA_PROFILE=1 timeout 120 "$B/tools/radix" bench --config "$(ini $k profile)" --model "$m" \
     --pp 512 --tg 32 --batch 1 --reps 1 --bw-mib 0 > /dev/null 2> "$OUT/bench-$t-$k-profile.log"
   row "profile $t $k" info "$(grep 'profile: ' "$OUT/bench-$t-$k-profile.log" | grep -v 'profile: total' |
       head -4 | sed 's/.*profile: *//' | awk '{printf "%s%s %s ms %s", NR > 1 ? "; " : "", $1, $4, $NF}')"

@@ -630,6 +630,31 @@ Test (cuplan, gemm_types_scratch_and_slices)
     cr_assert_eq (p.out_slice, 64, "never less than one 64-row tile");
 }
 
+Test (cuplan, half_gemms_are_one_tensor_core_pass)
+{
+    struct rx_cumm_plan p;
+    struct rx_err err = { 0 };
+    cr_assert_eq (rx_cuplan_matmul (RX_BF16, 512, 2048, 8192, 0, 0, RX_CUPLAN_HALF_GEMM, &p, &err), RX_OK);
+    cr_assert_eq (p.gtype, RX_CUMM_G_BF16);
+    cr_assert_eq (p.x_parts, 1, "one pass, X rounded to bf16");
+    cr_assert_eq (p.x_scratch, 512 * 2048 * 2);
+    cr_assert_eq (rx_cuplan_matmul (RX_F16, 512, 2048, 8192, 0, 0, RX_CUPLAN_HALF_GEMM, &p, &err), RX_OK);
+    cr_assert_eq (p.x_parts, 1);
+    cr_assert_eq (rx_cuplan_matmul (RX_Q8_0, 512, 2048, 8192, 0, 64u << 20, RX_CUPLAN_HALF_GEMM, &p, &err),
+                  RX_OK);
+    cr_assert_eq (p.gtype, RX_CUMM_G_F16, "quantized: dequantized to F16, tensor cores");
+    cr_assert (p.dequant_w && p.convert_x);
+    cr_assert_eq (p.x_parts, 1);
+    cr_assert_eq (p.act_qblk, 32, "activations still quantized as on the CPU first");
+    cr_assert_eq (p.out_slice, 8192, "2048 x 8192 F16 = 32 MiB: one slice");
+    cr_assert_eq (p.w_scratch, (size_t) 8192 * 2048 * 2, "F16 slice");
+    cr_assert_eq (rx_cuplan_matmul (RX_Q8_0, 512, 8192, 8192, 0, 64u << 20, RX_CUPLAN_HALF_GEMM, &p, &err),
+                  RX_OK);
+    cr_assert_eq (p.out_slice, 4096, "64 MiB of F16 rows of 8192");
+    cr_assert_eq (rx_cuplan_matmul (RX_BF16, 2, 2048, 8192, 0, 0, RX_CUPLAN_HALF_GEMM, &p, &err), RX_OK);
+    cr_assert_eq (p.path, RX_CUMM_MATVEC, "matvec is F32 either way");
+}
+
 Test (cuplan, refusals)
 {
     struct rx_cumm_plan p;
