@@ -106,6 +106,10 @@ struct s_ctl {
 struct s_kid {
     pid_t pid;
     char role[48];               /* its log role: "detok", "dpc", "sched", "sched.tp1", ... */
+    int sent_sig;                /* the signal main sent it (SIGKILL), 0 if none: a death by that
+                                    signal is main's doing, not a fault */
+    pid_t dead_pid;              /* reaped, its end not yet reported (s_reap_all): its pid ... */
+    int dead_st;                 /* ... and its waitpid status */
 };
 
 struct rx_server {
@@ -142,6 +146,7 @@ struct rx_server {
     double watchdog, shutdown_timeout;
 
     int ready, draining, exiting, exit_code;
+    int have_cause;                      /* a child's unexpected end was named as the reason to stop */
     double drain_deadline;
 
     struct s_live *bucket[S_HASH];
@@ -1446,45 +1451,149 @@ static void s_kid_name (const struct s_kid *k, char *buf, size_t cap)
               strchr (k->role, '.') ? k->role : "");
 }
 
-/* Kill every child still running whose role starts with prefix ("" = all). */
+/* Kill every child still running whose role starts with prefix ("" = all),
+ * remembering that main sent the signal: their deaths are then no fault. */
 static void s_kill_kids (rx_server_t *s, const char *prefix)
 {
     for (size_t i = 0; i < s->n_kids; i++)
-        if (s->kids[i].pid > 0 && !strncmp (s->kids[i].role, prefix, strlen (prefix)))
+        if (s->kids[i].pid > 0 && !strncmp (s->kids[i].role, prefix, strlen (prefix))) {
+            s->kids[i].sent_sig = SIGKILL;
             kill (s->kids[i].pid, SIGKILL);
+        }
+}
+
+/* ---- who died, and why
+ *
+ * Children often die together: after `kill -9` of rank 1, rank 0 sees its
+ * peer gone and exits 1 within milliseconds, and waitpid(-1) returns the
+ * older child (rank 0) first.  So main reaps every child that is already
+ * gone before it names a cause, and prefers one killed by a signal it did
+ * not send itself (kill -9, the OOM killer): that one is the root cause.
+ * Every other unclean end still gets a line of its own; the ends main
+ * caused (its own SIGKILL at shutdown) are info. */
+
+/* A death is main's own doing: it sent the signal that ended the child. */
+static int s_death_ours (const struct s_kid *k)
+{
+    return WIFSIGNALED (k->dead_st) && k->sent_sig && WTERMSIG (k->dead_st) == k->sent_sig;
+}
+
+static int s_death_foreign_signal (const struct s_kid *k)
+{
+    return WIFSIGNALED (k->dead_st) && !s_death_ours (k);
+}
+
+/* Reap every child that has ended (without waiting) into its s_kid's
+ * dead_pid/dead_st; returns how many. */
+static size_t s_reap_all (rx_server_t *s)
+{
+    size_t n = 0;
+    int st = 0;
+    pid_t pid;
+    while ((pid = waitpid (-1, &st, WNOHANG)) > 0) {
+        for (size_t i = 0; i < s->n_kids; i++) {
+            struct s_kid *k = &s->kids[i];
+            if (k->pid != pid) continue;
+            k->pid = 0;
+            k->dead_pid = pid;
+            k->dead_st = st;
+            if (pid == s->sched_pid) s->sched_pid = 0;
+            n++;
+        }
+    }
+    return n;
+}
+
+/* Among the reaped, not yet reported children that ended uncleanly (or,
+ * with clean_too, at all), the one to name as the cause: one killed by a
+ * signal main did not send, else the first. */
+static struct s_kid *s_pick_cause (rx_server_t *s, int clean_too)
+{
+    struct s_kid *first = NULL;
+    for (size_t i = 0; i < s->n_kids; i++) {
+        struct s_kid *k = &s->kids[i];
+        if (!k->dead_pid || s_death_ours (k)) continue;
+        if (s_death_foreign_signal (k)) return k;
+        int clean = WIFEXITED (k->dead_st) && WEXITSTATUS (k->dead_st) == 0;
+        if (!first && (clean_too || !clean)) first = k;
+    }
+    return first;
+}
+
+/* The cause exited (not killed): give a sibling killed by a signal up to
+ * S_CAUSE_WAIT to be reaped too, so it is named instead.  Bounded and
+ * only on the way down, so blocking the event loop costs nothing. */
+#define S_CAUSE_WAIT 0.2
+static void s_wait_for_signalled (rx_server_t *s)
+{
+    double until = s_now () + S_CAUSE_WAIT;
+    while (s_kids_alive (s) && s_now () < until) {
+        if (s_reap_all (s)) {
+            struct s_kid *c = s_pick_cause (s, 0);
+            if (c && s_death_foreign_signal (c)) return;
+        }
+        usleep (10000);
+    }
+}
+
+/* The cause's line; why gets the same words without the trailer. */
+static void s_report_cause (const struct s_kid *k, const char *ending, char *why, size_t cap)
+{
+    char how[128], who[96];
+    rx_child_describe (k->dead_st, how, sizeof how);
+    s_kid_name (k, who, sizeof who);
+    snprintf (why, cap, "the %s (pid %d) %s", who, (int) k->dead_pid, how);
+    rx_error ("%s%s; %s", why, s_death_foreign_signal (k) ? ", a signal radixd did not send" : "", ending);
+}
+
+/* One line for every reaped child not yet reported (but the cause's); a
+ * clean exit only with clean_info (while draining, where it is expected). */
+static void s_report_rest (rx_server_t *s, int clean_info)
+{
+    for (size_t i = 0; i < s->n_kids; i++) {
+        struct s_kid *k = &s->kids[i];
+        if (!k->dead_pid) continue;
+        char how[128], who[96];
+        rx_child_describe (k->dead_st, how, sizeof how);
+        s_kid_name (k, who, sizeof who);
+        int clean = WIFEXITED (k->dead_st) && WEXITSTATUS (k->dead_st) == 0;
+        if (s_death_ours (k)) rx_info ("the %s (pid %d) %s (sent by radixd)", who, (int) k->dead_pid, how);
+        else if (s_death_foreign_signal (k))
+            rx_error ("the %s (pid %d) %s, a signal radixd did not send", who, (int) k->dead_pid, how);
+        else if (!clean) rx_warn ("the %s (pid %d) %s as well", who, (int) k->dead_pid, how);
+        else if (clean_info) rx_info ("the %s (pid %d) %s", who, (int) k->dead_pid, how);
+        k->dead_pid = 0;
+    }
 }
 
 static void s_reap (rx_server_t *s)
 {
-    for (;;) {
-        int st = 0;
-        pid_t pid = waitpid (-1, &st, WNOHANG);
-        if (pid <= 0) return;
-        struct s_kid *k = NULL;
-        for (size_t i = 0; i < s->n_kids && !k; i++)
-            if (s->kids[i].pid == pid) k = &s->kids[i];
-        if (!k) continue;
-        k->pid = 0;
-        if (pid == s->sched_pid) s->sched_pid = 0;
-        char how[128], who[96];
-        rx_child_describe (st, how, sizeof how);
-        s_kid_name (k, who, sizeof who);
-        int clean = WIFEXITED (st) && WEXITSTATUS (st) == 0;
-        if (s->draining && clean) {
-            rx_info ("%s (pid %d) %s", who, (int) pid, how);
-            if (!s_kids_alive (s)) {
-                s_drain_in (s);
-                s_fail_all (s, "the server shut down before the request finished");
-                s_end (s, 0);
-            }
-            continue;
+    if (!s_reap_all (s)) return;
+    /* Unexpected: any end while neither draining nor stopping (a clean
+     * exit too: a child has no reason to stop on its own), or an unclean
+     * one while draining. */
+    if (!s->have_cause && !s->exiting) {
+        struct s_kid *c = s_pick_cause (s, !s->draining);
+        if (c && !s_death_foreign_signal (c)) {
+            s_wait_for_signalled (s);
+            c = s_pick_cause (s, !s->draining);
         }
-        if (s->exiting) continue;
-        char why[256];
-        snprintf (why, sizeof why, "the %s (pid %d) %s", who, (int) pid, how);
-        rx_error ("%s; shutting down", why);
-        s_fail_all (s, why);
-        s_end (s, 1);
+        if (c) {
+            char why[256];
+            s_report_cause (c, "shutting down", why, sizeof why);
+            c->dead_pid = 0;
+            s->have_cause = 1;
+            s_report_rest (s, s->draining);
+            s_fail_all (s, why);
+            s_end (s, 1);
+            return;
+        }
+    }
+    s_report_rest (s, s->draining);
+    if (s->draining && !s->exiting && !s_kids_alive (s)) {
+        s_drain_in (s);
+        s_fail_all (s, "the server shut down before the request finished");
+        s_end (s, 0);
     }
 }
 
@@ -1762,20 +1871,20 @@ static void s_stop_children (rx_server_t *s)
             others_gone = 1;
             if (until > s_now () + 0.3) until = s_now () + 0.3;
         }
-        int st;
-        pid_t pid = waitpid (-1, &st, WNOHANG);
-        if (pid <= 0) {
+        /* a child that ends badly now still gets its line (after the
+         * cause's, or as the only one) */
+        if (!s_reap_all (s)) {
             usleep (20000);
             continue;
         }
-        for (size_t i = 0; i < s->n_kids; i++)
-            if (s->kids[i].pid == pid) s->kids[i].pid = 0;
+        s_report_rest (s, 0);
     }
     for (size_t i = 0; i < s->n_kids; i++) {
         if (s->kids[i].pid <= 0) continue;
         char who[96];
         s_kid_name (&s->kids[i], who, sizeof who);
         rx_warn ("killing the %s (pid %d): it did not stop", who, (int) s->kids[i].pid);
+        s->kids[i].sent_sig = SIGKILL;
         kill (s->kids[i].pid, SIGKILL);
         waitpid (s->kids[i].pid, NULL, 0);
         s->kids[i].pid = 0;
@@ -1815,23 +1924,19 @@ static int s_node_main (rx_server_t *s, struct rx_boot *boot)
             break;
         }
         if (sig != SIGCHLD) continue;
-        int st;
-        pid_t pid;
-        int done = 0;
-        while ((pid = waitpid (-1, &st, WNOHANG)) > 0) {
-            for (size_t i = 0; i < s->n_kids; i++) {
-                if (s->kids[i].pid != pid) continue;
-                s->kids[i].pid = 0;
-                char how[128], who[96];
-                rx_child_describe (st, how, sizeof how);
-                s_kid_name (&s->kids[i], who, sizeof who);
-                int clean = WIFEXITED (st) && WEXITSTATUS (st) == 0;
-                if (clean) rx_info ("the %s (pid %d) %s", who, (int) pid, how);
-                else rx_error ("the %s (pid %d) %s; stopping this node", who, (int) pid, how);
-                if (!clean) done = 1;
-            }
+        if (!s_reap_all (s)) continue;
+        struct s_kid *c = s_pick_cause (s, 0);
+        if (c && !s_death_foreign_signal (c)) {
+            s_wait_for_signalled (s);
+            c = s_pick_cause (s, 0);
         }
-        if (done) break;
+        char why[256];
+        if (c) {
+            s_report_cause (c, "stopping this node", why, sizeof why);
+            c->dead_pid = 0;
+        }
+        s_report_rest (s, 1);
+        if (c) break;
         if (!s_kids_alive (s)) {
             code = 0;
             break;
