@@ -30,7 +30,9 @@
 #   -o FILE     the markdown table (default .cache/bench/eplb-e2e.md)
 #   env: RANKS=4 REDUNDANT=4 IN_LEN=16 OUT_LEN=64 PROMPTS=32 CONC=8 THREADS=1
 set -eu
-top=$(cd "$(dirname "$0")/.." && pwd)
+me="eplb-e2e"
+# shellcheck source=lib.sh source-path=SCRIPTDIR
+. "$(dirname "$0")/lib.sh"
 reps=3
 build=$(pwd)
 out="$top/.cache/bench/eplb-e2e.md"
@@ -62,40 +64,22 @@ for v in RANKS:$RANKS REDUNDANT:$REDUNDANT IN_LEN:$IN_LEN OUT_LEN:$OUT_LEN PROMP
     case ${v#*:} in ''|*[!0-9]*) echo "eplb-e2e: ${v%%:*}=${v#*:}: want a number" >&2; exit 2 ;; esac
 done
 [ "$RANKS" -ge 2 ] || { echo "eplb-e2e: RANKS=$RANKS: want >= 2 (expert parallelism)" >&2; exit 2; }
-RADIXD=${RADIXD:-$build/core/radixd}
-RADIX=${RADIX:-$build/tools/radix}
-RX_PLUGIN_BUILD_DIR=${RX_PLUGIN_BUILD_DIR:-$build/_plugins}
 [ -r "$model" ] || { echo "eplb-e2e: $model: cannot read the model" >&2; exit 1; }
-[ -x "$RADIXD" ] || { echo "eplb-e2e: $RADIXD: radixd not found (set RADIXD or -b BUILD_DIR)" >&2; exit 1; }
+bl_find "$build"
 [ -x "$RADIX" ] || { echo "eplb-e2e: $RADIX: radix not found (set RADIX or -b BUILD_DIR)" >&2; exit 1; }
 command -v curl >/dev/null || { echo "eplb-e2e: curl is needed" >&2; exit 1; }
 
-work=$(mktemp -d)
-srv_pid=
-stop_server () {
-    [ -n "$srv_pid" ] || return 0
-    kill "$srv_pid" 2>/dev/null || true
-    i=0
-    while kill -0 "$srv_pid" 2>/dev/null && [ $i -lt 150 ]; do sleep 0.1; i=$((i + 1)); done
-    kill -9 "$srv_pid" 2>/dev/null || true
-    wait "$srv_pid" 2>/dev/null || true
-    srv_pid=
-}
-trap 'stop_server; rm -rf "$work"' EXIT
-trap 'exit 130' INT TERM
-free_port () {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
+bl_workdir
+work=$tmp
 
 # start NAME [PLACEMENT_FILE]
 start () {
-    port=$(free_port)
     ini="$work/$1.ini"
     cat >"$ini" <<EOF
 ; written by bench/eplb-e2e.sh
 [server]
 host = 127.0.0.1
-port = $port
+port = 0
 [plugins]
 path = $RX_PLUGIN_BUILD_DIR
 [model]
@@ -119,19 +103,7 @@ policy = round_robin
 record_dir = $work/rec
 EOF
     [ $# -lt 2 ] || echo "init_expert_location = $2" >>"$ini"
-    log="$work/$1.log"
-    "$RADIXD" -c "$ini" >"$log" 2>&1 &
-    srv_pid=$!
-    i=0
-    until curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1; do
-        i=$((i + 1))
-        if [ $i -gt 900 ] || ! kill -0 "$srv_pid" 2>/dev/null; then
-            echo "eplb-e2e: radixd ($1) did not come up; the end of its log:" >&2
-            tail -5 "$log" >&2
-            exit 1
-        fi
-        sleep 0.2
-    done
+    bl_radixd "$ini" "$work/$1.log" "$1"
 }
 
 # load NAME SEED: the serving load against the running radixd
@@ -150,7 +122,7 @@ load record 7
 dump=$(curl -sf -X POST "http://127.0.0.1:$port/dump_expert_distribution_record" \
        | python3 -c 'import json, sys; print(json.load(sys.stdin)["path"])') \
     || { echo "eplb-e2e: /dump_expert_distribution_record failed" >&2; exit 1; }
-stop_server
+bl_stop "$bl_pid"
 cp "$dump" "$work/load.json"
 
 # 2. plan
@@ -184,7 +156,7 @@ while [ $r -le "$reps" ]; do
         if [ $c = none ]; then start "$c-$r"; else start "$c-$r" "$work/$c.place.json"; fi
         echo "rep $r/$reps: $c (load $(cut -d' ' -f1 /proc/loadavg))" >&2
         load "$c-$r" $((1000 * r))
-        stop_server
+        bl_stop "$bl_pid"
     done
     r=$((r + 1))
 done

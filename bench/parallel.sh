@@ -14,7 +14,9 @@
 #   -o FILE     the markdown table (default .cache/bench/parallel.md)
 #   env: IN_LEN=128 OUT_LEN=64 PROMPTS=24 CONC=8 CORES=$(nproc)
 set -eu
-top=$(cd "$(dirname "$0")/.." && pwd)
+me=parallel
+# shellcheck source=lib.sh source-path=SCRIPTDIR
+. "$(dirname "$0")/lib.sh"
 reps=3
 configs=tp1,tp2,dp2
 build=$(pwd)
@@ -45,32 +47,14 @@ PROMPTS=${PROMPTS:-24}
 CONC=${CONC:-8}
 CORES=${CORES:-$(nproc)}
 half=$((CORES / 2)); [ $half -ge 1 ] || half=1
-RADIXD=${RADIXD:-$build/core/radixd}
-RX_PLUGIN_BUILD_DIR=${RX_PLUGIN_BUILD_DIR:-$build/_plugins}
 [ -r "$model" ] || { echo "parallel: $model: cannot read the model" >&2; exit 1; }
-[ -x "$RADIXD" ] || { echo "parallel: $RADIXD: radixd not found (set RADIXD or -b BUILD_DIR)" >&2; exit 1; }
-command -v curl >/dev/null || { echo "parallel: curl is needed to wait for /health" >&2; exit 1; }
+bl_find "$build"
 
-work=$(mktemp -d)
-srv_pid=
-stop_server () {
-    [ -n "$srv_pid" ] || return 0
-    kill "$srv_pid" 2>/dev/null || true
-    i=0
-    while kill -0 "$srv_pid" 2>/dev/null && [ $i -lt 150 ]; do sleep 0.1; i=$((i + 1)); done
-    kill -9 "$srv_pid" 2>/dev/null || true
-    wait "$srv_pid" 2>/dev/null || true
-    srv_pid=
-}
-trap 'stop_server; rm -rf "$work"' EXIT
-trap 'exit 130' INT TERM
-free_port () {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
+bl_workdir
+work=$tmp
 
 # start CONFIG REP
 start () {
-    port=$(free_port)
     case $1 in
         tp1) tp=1 dp=1 th=$CORES ;;
         tp2) tp=2 dp=1 th=$half ;;
@@ -81,7 +65,7 @@ start () {
 ; written by bench/parallel.sh
 [server]
 host = 127.0.0.1
-port = $port
+port = 0
 [plugins]
 path = $RX_PLUGIN_BUILD_DIR
 [model]
@@ -97,19 +81,7 @@ comm = shm
 [dp]
 policy = shortest_queue
 EOF
-    log="$work/$1-$2.log"
-    "$RADIXD" -c "$ini" >"$log" 2>&1 &
-    srv_pid=$!
-    i=0
-    until curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1; do
-        i=$((i + 1))
-        if [ $i -gt 900 ] || ! kill -0 "$srv_pid" 2>/dev/null; then
-            echo "parallel: radixd ($1) did not come up; the end of its log:" >&2
-            tail -5 "$log" >&2
-            exit 1
-        fi
-        sleep 0.2
-    done
+    bl_radixd "$ini" "$work/$1-$2.log" "$1"
 }
 
 r=1
@@ -121,7 +93,7 @@ while [ $r -le "$reps" ]; do
             --dataset random --input-len "$IN_LEN" --output-len "$OUT_LEN" --num-prompts "$PROMPTS" \
             --concurrency "$CONC" --seed $((1000 * r)) --json "$work/$c-$r.json" >"$work/$c-$r.out" 2>&1 \
             || { echo "parallel: bench/serving.py failed against $c:" >&2; tail -5 "$work/$c-$r.out" >&2; exit 1; }
-        stop_server
+        bl_stop "$bl_pid"
     done
     r=$((r + 1))
 done

@@ -46,7 +46,9 @@
 # bench/serving.py's sum(usage.prompt_tokens_details.cached_tokens) /
 # sum(usage.prompt_tokens).
 set -eu
-top=$(cd "$(dirname "$0")/.." && pwd)
+me="router-hitrate"
+# shellcheck source=lib.sh source-path=SCRIPTDIR
+. "$(dirname "$0")/lib.sh"
 reps=3
 nw=4
 threads=1
@@ -70,7 +72,7 @@ while getopts k:n:t:p:b:o: opt; do
 done
 shift $((OPTIND - 1))
 [ $# -le 1 ] || usage
-num () { case $2 in ''|*[!0-9]*|0) echo "router-hitrate: $1 $2: want a count >= 1" >&2; exit 2 ;; esac; }
+num () { bl_count "$@"; }
 num -k "$reps"; num -n "$nw"; num -t "$threads"
 WORKLOAD=${WORKLOAD:-multi-turn}
 case $WORKLOAD in
@@ -87,51 +89,13 @@ case $WORKLOAD in
         wl_desc="shared-prefix: $GSP_GROUPS groups x $GSP_PER_GROUP requests, $GSP_SYS_LEN-token system prompts, $GSP_Q_LEN-token questions, $OUT_LEN out, shuffled, concurrency $CONC, KV $KV per worker" ;;
     *) echo "router-hitrate: WORKLOAD=$WORKLOAD: want multi-turn or shared-prefix" >&2; exit 2 ;;
 esac
-build=$(cd "$build" && pwd)
-[ -f "$build/Makefile" ] || { echo "router-hitrate: $build is not a configured build dir (-b)" >&2; exit 2; }
-make -s -C "$build" router/radix-router core/radixd >/dev/null
-# the plugins; a target of someone else's work in progress that does not
-# build must not stop the run (the ones used here are checked by starting)
-make -s -k -C "$build" all >/dev/null 2>&1 || echo "router-hitrate: warning: \`make all\` in $build failed; using the plugins built" >&2
-router="$build/router/radix-router"
-radixd="$build/core/radixd"
-plugins="$build/_plugins"
+bl_build "$build"
 serving="$top/bench/serving.py"
 model=${1:-$top/.cache/bench/smollm2-135m-q8_0.gguf}
-if [ ! -f "$model" ]; then
-    shared=${RADIX_SHARED:-$top/../shared}
-    vocab="$shared/data/tokenizers/ggml-vocab-starcoder.gguf"
-    [ -f "$vocab" ] || { echo "router-hitrate: $vocab not found (set RADIX_SHARED)" >&2; exit 2; }
-    mkdir -p "$(dirname "$model")"
-    make -s -C "$build" tools/radix >/dev/null
-    echo "router-hitrate: making $model" >&2
-    "$build/tools/radix" gguf-gen --arch llama --preset smollm2-135m --vocab "$vocab" --type q8_0 --out "$model" >&2
-fi
+bl_gen_model "$model"
 mkdir -p "$(dirname "$out")"
-tmp=$(mktemp -d /tmp/rx-router-hitrate.XXXXXX)
-pids=""
-cleanup () {
-    for p in $pids; do kill "$p" 2>/dev/null || true; done
-    for p in $pids; do wait "$p" 2>/dev/null || true; done
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+bl_workdir
 
-# (sh has no local variables: the helpers' counters have names of their own)
-wait_line () {
-    wl_n=0
-    while [ $wl_n -lt $(($3 * 20)) ]; do
-        l=$(grep -m1 -E "$2" "$1" 2>/dev/null || true)
-        [ -n "$l" ] && { echo "$l"; return 0; }
-        sleep 0.05
-        wl_n=$((wl_n + 1))
-    done
-    printf 'router-hitrate: no line /%s/ in %s within %s s:\n' "$2" "$1" "$3" >&2
-    tail -n 20 "$1" >&2
-    return 1
-}
-port_of () { echo "$1" | sed -n 's|.*http://[^ ]*:\([0-9][0-9]*\).*|\1|p' | head -n1; }
 # http METHOD URL [BODY]: status code of one request
 http () {
     python3 - "$@" <<'EOF'
@@ -148,48 +112,8 @@ except Exception:
     print(0)
 EOF
 }
-wait_status () { # URL SECONDS
-    ws_n=0
-    while [ $ws_n -lt $(($2 * 10)) ]; do
-        [ "$(http GET "$1")" = 200 ] && return 0
-        sleep 0.1
-        ws_n=$((ws_n + 1))
-    done
-    echo "router-hitrate: GET $1 not 200 within $2 s" >&2
-    return 1
-}
-
-urls=""
-i=0
-while [ $i -lt "$nw" ]; do
-    cat >"$tmp/radixd$i.ini" <<EOF
-; written by bench/router-hitrate.sh
-[server]
-host = 127.0.0.1
-port = 0
-served_model_name = hitrate
-[plugins]
-path = $plugins
-[model]
-path = $model
-[kernels]
-threads = $threads
-[cache]
-kv_memory = $KV
-radix_cache = true
-EOF
-    RADIX_PLUGIN_PATH= "$radixd" -c "$tmp/radixd$i.ini" >"$tmp/radixd$i.log" 2>&1 &
-    pids="$pids $!"
-    i=$((i + 1))
-done
-i=0
-while [ $i -lt "$nw" ]; do
-    l=$(wait_line "$tmp/radixd$i.log" '\bready\b' 120) || exit 1
-    p=$(port_of "$l")
-    wait_status "http://127.0.0.1:$p/health" 60 || exit 1
-    urls="${urls:+$urls,}http://127.0.0.1:$p"
-    i=$((i + 1))
-done
+bl_workers "$nw" hitrate
+urls=$(echo "$bl_urls" | tr " " ,)
 echo "router-hitrate: $nw radixd workers ($threads thread(s) each): $urls" >&2
 
 start_router () { # POLICY
@@ -209,8 +133,8 @@ EOF
     RADIX_PLUGIN_PATH= "$router" -c "$tmp/router.ini" >"$tmp/router-$1.log" 2>&1 &
     rpid=$!
     pids="$pids $rpid"
-    l=$(wait_line "$tmp/router-$1.log" '\bready\b' 20) || exit 1
-    rport=$(port_of "$l")
+    l=$(bl_wait_line "$tmp/router-$1.log" '\bready\b' 20) || exit 1
+    rport=$(bl_port_of "$l")
     # every worker healthy (the first health checks are done at start)
     python3 - "http://127.0.0.1:$rport/workers" "$nw" <<'EOF' || exit 1
 import json, sys, time, urllib.request

@@ -28,7 +28,9 @@
 # one with exit status 0 within 30 s; no log has a sanitizer report, a
 # "Segmentation fault", an "Aborted" or a "core dumped" line.
 set -eu
-top=$(cd "$(dirname "$0")/.." && pwd)
+me=soak
+# shellcheck source=lib.sh source-path=SCRIPTDIR
+. "$(dirname "$0")/lib.sh"
 dur=300
 nw=2
 conc=16
@@ -52,86 +54,24 @@ while getopts d:n:c:t:b:o: opt; do
 done
 shift $((OPTIND - 1))
 [ $# -le 1 ] || usage
-num () { case $2 in ''|*[!0-9]*|0) echo "soak: $1 $2: want a count >= 1" >&2; exit 2 ;; esac; }
-num -d "$dur"; num -n "$nw"; num -c "$conc"; num -t "$threads"
+bl_count -d "$dur"; bl_count -n "$nw"; bl_count -c "$conc"; bl_count -t "$threads"
 KV=${KV:-48MiB}
-build=$(cd "$build" && pwd)
-[ -f "$build/Makefile" ] || { echo "soak: $build is not a configured build dir (-b)" >&2; exit 2; }
-make -s -C "$build" router/radix-router core/radixd >/dev/null
-# the plugins; a target of someone else's work in progress that does not
-# build must not stop the run (the ones used here are checked by starting)
-make -s -k -C "$build" all >/dev/null 2>&1 || echo "soak: warning: \`make all\` in $build failed; using the plugins built" >&2
-router="$build/router/radix-router"
-radixd="$build/core/radixd"
-plugins="$build/_plugins"
+bl_build "$build"
 model=${1:-$top/.cache/bench/smollm2-135m-q8_0.gguf}
-if [ ! -f "$model" ]; then
-    shared=${RADIX_SHARED:-$top/../shared}
-    vocab="$shared/data/tokenizers/ggml-vocab-starcoder.gguf"
-    [ -f "$vocab" ] || { echo "soak: $vocab not found (set RADIX_SHARED)" >&2; exit 2; }
-    mkdir -p "$(dirname "$model")"
-    make -s -C "$build" tools/radix >/dev/null
-    echo "soak: making $model" >&2
-    "$build/tools/radix" gguf-gen --arch llama --preset smollm2-135m --vocab "$vocab" --type q8_0 --out "$model" >&2
-fi
+bl_gen_model "$model"
 mkdir -p "$(dirname "$out")"
-tmp=$(mktemp -d /tmp/rx-soak.XXXXXX)
-pids=""
-cleanup () {
-    for p in $pids; do kill "$p" 2>/dev/null || true; done
-    for p in $pids; do wait "$p" 2>/dev/null || true; done
-    if [ "${keep:-0}" = 1 ]; then echo "soak: logs kept in $tmp" >&2; else rm -rf "$tmp"; fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-wait_line () { # FILE REGEX SECONDS
-    wl_n=0
-    while [ $wl_n -lt $(($3 * 20)) ]; do
-        l=$(grep -m1 -E "$2" "$1" 2>/dev/null || true)
-        [ -n "$l" ] && { echo "$l"; return 0; }
-        sleep 0.05
-        wl_n=$((wl_n + 1))
-    done
-    printf 'soak: no line /%s/ in %s within %s s:\n' "$2" "$1" "$3" >&2
-    tail -n 20 "$1" >&2
-    return 1
-}
-port_of () { echo "$1" | sed -n 's|.*http://[^ ]*:\([0-9][0-9]*\).*|\1|p' | head -n1; }
+bl_workdir
 children () { cat /proc/"$1"/task/*/children 2>/dev/null | tr ' ' '\n' | grep . || true; }
 
+bl_server_extra='; gguf-gen models carry no chat template; /v1/chat/completions needs one
+chat_template = chatml'
+bl_workers "$nw" soak
 urls=""
 watch=""
 i=0
-while [ $i -lt "$nw" ]; do
-    cat >"$tmp/radixd$i.ini" <<EOF
-; written by bench/soak.sh
-[server]
-host = 127.0.0.1
-port = 0
-served_model_name = soak
-; gguf-gen models carry no chat template; /v1/chat/completions needs one
-chat_template = chatml
-[plugins]
-path = $plugins
-[model]
-path = $model
-[kernels]
-threads = $threads
-[cache]
-kv_memory = $KV
-radix_cache = true
-EOF
-    RADIX_PLUGIN_PATH= "$radixd" -c "$tmp/radixd$i.ini" >"$tmp/radixd$i.log" 2>&1 &
-    eval "wpid$i=$!"
-    pids="$pids $!"
-    i=$((i + 1))
-done
-i=0
-while [ $i -lt "$nw" ]; do
-    l=$(wait_line "$tmp/radixd$i.log" '\bready\b' 120) || exit 1
-    urls="$urls http://127.0.0.1:$(port_of "$l")"
-    eval "p=\$wpid$i"
+for u in $bl_urls; do
+    urls="$urls $u"
+    eval "p=\$bl_wpid$i"
     watch="$watch --pid radixd$i=$p"
     k=0
     for c in $(children "$p"); do
@@ -165,8 +105,8 @@ EOF
 RADIX_PLUGIN_PATH= "$router" -c "$tmp/router.ini" >"$tmp/router.log" 2>&1 &
 rpid=$!
 pids="$pids $rpid"
-l=$(wait_line "$tmp/router.log" '\bready\b' 20) || exit 1
-rurl="http://127.0.0.1:$(port_of "$l")"
+l=$(bl_wait_line "$tmp/router.log" '\bready\b' 20) || exit 1
+rurl="http://127.0.0.1:$(bl_port_of "$l")"
 sleep 3     # the first health checks
 echo "soak: router $rurl (pid $rpid) -> $nw workers:$urls; ${dur}s at concurrency $conc; load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 
@@ -200,7 +140,7 @@ stop_one () { # NAME PID
 stop_one router "$rpid"
 i=0
 while [ $i -lt "$nw" ]; do
-    eval "p=\$wpid$i"
+    eval "p=\$bl_wpid$i"
     stop_one "radixd$i" "$p"
     i=$((i + 1))
 done
