@@ -728,6 +728,11 @@ const rx_gguf_t *rx_engine_gguf (const rx_engine_t *e) { return e->gguf; }
 int64_t rx_engine_n_slots (const rx_engine_t *e) { return e->n_slots; }
 int32_t rx_engine_max_tokens (const rx_engine_t *e) { return e->max_tokens; }
 const char *rx_engine_describe (const rx_engine_t *e) { return e->desc; }
+void rx_engine_kernels (const rx_engine_t *e, const struct rx_kernels_ops **ops, void **be)
+{
+    if (ops) *ops = e->K;
+    if (be) *be = e->be;
+}
 int32_t rx_engine_tp_rank (const rx_engine_t *e) { return e->tp_rank; }
 int32_t rx_engine_tp_size (const rx_engine_t *e) { return e->tp_size; }
 int rx_engine_dp_attention (const rx_engine_t *e) { return e->dp_attention; }

@@ -138,6 +138,9 @@ int rx_engine_dp_attention (const rx_engine_t *e);
  * rebalances every [eplb] rebalance_interval steps). */
 struct rx_eplb_rt;
 struct rx_eplb_rt *rx_engine_eplb (rx_engine_t *e);
+/* The engine's kernel backend: its ops and instance (owned by the engine;
+ * for tools and tests, e.g. to ask graph_has). */
+void rx_engine_kernels (const rx_engine_t *e, const struct rx_kernels_ops **ops, void **be);
 /* "model-llama (llama) on kernels-cpu [device], attn-mha" (and "tp 2
  * (rank 0, comm shm)" with tensor parallelism, "dp attention 2 (rank 0,
  * comm shm)" with DP attention): for logs. */

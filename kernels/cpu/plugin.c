@@ -14,6 +14,7 @@
 #include <radix/plugin.h>
 
 #include "attn.h"
+#include "graph.h"
 #include "matmul.h"
 #include "ops.h"
 #include "plugin.h"
@@ -54,6 +55,10 @@ static const struct rx_cfg_key s_keys[] = {
       "test only: alloc() memory and plain weights are PROT_NONE outside kernel ops, so a "
       "host dereference of a device pointer crashes as it would on a GPU (also: environment "
       "RADIX_KCPU_GUARD=1)", 0, 0, NULL },
+    { "graphs", RX_CFG_BOOL, "false",
+      "test only: emulate graphs (graph_begin .. graph_end record the ops without running them, "
+      "graph_launch replays them) so a model's graph path runs on the CPU as on a GPU; no "
+      "speed-up (also: environment RADIX_KCPU_GRAPHS=1)", 0, 0, NULL },
     { NULL, 0, NULL, NULL, 0, 0, NULL }
 };
 
@@ -147,6 +152,10 @@ static int s_create (const struct rx_host *host, const struct rx_kernels_params 
         guard = 0;
     const char *genv = getenv ("RADIX_KCPU_GUARD");
     if (genv && *genv && strcmp (genv, "0") != 0) guard = 1;
+    int graphs = 0;
+    if (host && host->cfg_bool && host->cfg_bool (host, "graphs", &graphs) != RX_OK) graphs = 0;
+    const char *grenv = getenv ("RADIX_KCPU_GRAPHS");
+    if (grenv && *grenv && strcmp (grenv, "0") != 0) graphs = 1;
     int wmode;
     if (strcmp (weights, "auto") == 0) wmode = RX_KW_AUTO;
     else if (strcmp (weights, "map") == 0) wmode = RX_KW_MAP;
@@ -180,6 +189,17 @@ static int s_create (const struct rx_host *host, const struct rx_kernels_params 
         RX_HLOG (host, RX_LOG_INFO, "guard_device_memory: device memory is inaccessible to the "
                  "host outside kernel ops (test mode)");
     }
+    if (graphs) {
+        /* as many as kernels-cuda keeps by default */
+        if (!(k->graphs = rx_kgraphs_new (64, err))) {
+            rx_kguard_destroy (&k->guard);
+            rx_kpool_destroy (&k->pool);
+            free (k);
+            return err ? err->code : RX_ENOMEM;
+        }
+        RX_HLOG (host, RX_LOG_INFO, "graphs: emulated (ops recorded at capture, replayed at "
+                 "launch; test mode)");
+    }
     RX_HLOG (host, RX_LOG_INFO, "%d threads, isa %s (cpu: %s), weights %s",
              threads, k->isa->name, rx_kisa_features (), weights);
     *be = k;
@@ -193,6 +213,10 @@ static void s_destroy (void *be)
     struct rx_kcpu *k = be;
     if (!k) return;
     rx_kpool_destroy (&k->pool);
+    if (k->graphs)
+        RX_HLOG (k->host, RX_LOG_DEBUG, "graphs: %zu kept, %llu launches", rx_kgraphs_count (k->graphs),
+                 (unsigned long long) rx_kgraphs_launches (k->graphs));
+    rx_kgraphs_destroy (&k->graphs);
     while (k->weights) s_weight_release (k, k->weights);
     while (k->bufs) {
         struct rx_kbuf *b = k->bufs;
@@ -238,7 +262,7 @@ static int s_info (void *be, struct rx_kernels_info *info)
     long pages = sysconf (_SC_PHYS_PAGES), psz = sysconf (_SC_PAGESIZE);
     info->mem_bytes = pages > 0 && psz > 0 ? (uint64_t) pages * (uint64_t) psz : 0;
     /* Guard mode: device pointers are not host-visible (that is its point). */
-    info->caps = (k->guard ? 0 : RX_KCAP_HOST_VISIBLE) | RX_KCAP_KV_F16;
+    info->caps = (k->guard ? 0 : RX_KCAP_HOST_VISIBLE) | RX_KCAP_KV_F16 | (k->graphs ? RX_KCAP_GRAPHS : 0);
     if (sz >= offsetof (struct rx_kernels_info, threads) + sizeof (int32_t))
         info->threads = k->nth;
     if (sz >= offsetof (struct rx_kernels_info, device_index) + sizeof (int32_t)) {
@@ -287,6 +311,8 @@ static void s_free (void *be, void *dptr)
 {
     struct rx_kcpu *k = be;
     if (!k || !dptr) return;
+    /* A graph may point into this memory: drop them (as kernels-cuda does). */
+    rx_kgraphs_clear (k->graphs);
     if (k->guard && rx_kguard_contains (k->guard, dptr)) {
         if (rx_kguard_free (k->guard, dptr) != RX_OK)
             RX_HLOG (k->host, RX_LOG_ERROR, "free: %p is not the start of a guarded buffer; "
@@ -369,6 +395,17 @@ static int s_memset (void *be, rx_kstream_t *s, void *dst, int byte, size_t byte
 
 /* ------------------------------------------------------ streams, graphs -- */
 
+/* An op a graph cannot hold was issued during a capture (emulated graphs):
+ * as a CUDA capture does, the capture is dropped and the op fails. */
+static int s_not_capturable (struct rx_kcpu *k, const char *op, struct rx_err *err)
+{
+    uint64_t key = 0;
+    rx_kgraphs_capturing (k->graphs, &key);
+    rx_kgraphs_abort (k->graphs);
+    return rx_err_set (err, RX_EINVAL, "kernels-cpu %s during the capture of graph %llu: a graph "
+                       "cannot hold it (the capture is dropped)", op, (unsigned long long) key);
+}
+
 static int s_stream_create (void *be, rx_kstream_t **s, struct rx_err *err)
 {
     if (!be || !s) return rx_err_set (err, RX_EINVAL, "kernels-cpu stream_create: NULL argument");
@@ -391,34 +428,51 @@ static int s_synchronize (void *be, rx_kstream_t *s, struct rx_err *err)
     if (!be) return rx_err_set (err, RX_EINVAL, "kernels-cpu synchronize: no backend");
     if (s && s->magic != S_STREAM_MAGIC)
         return rx_err_set (err, RX_EINVAL, "kernels-cpu synchronize: bad stream");
+    struct rx_kcpu *k = be;
+    if (rx_kgraphs_capturing (k->graphs, NULL)) return s_not_capturable (k, "synchronize", err);
     return RX_OK;   /* every op already ran to completion */
 }
 
 static int s_graph_begin (void *be, rx_kstream_t *s, uint64_t key, struct rx_err *err)
 {
-    (void) be; (void) s;
-    return rx_err_set (err, RX_ENOTSUP, "kernels-cpu: graph %llu not captured (no graphs on "
-                       "the CPU): run the ops eagerly", (unsigned long long) key);
+    struct rx_kcpu *k = be;
+    if (!k) return rx_err_set (err, RX_EINVAL, "kernels-cpu graph_begin: no backend");
+    if (s && s->magic != S_STREAM_MAGIC)
+        return rx_err_set (err, RX_EINVAL, "kernels-cpu graph_begin: bad stream");
+    if (!k->graphs)
+        return rx_err_set (err, RX_ENOTSUP, "kernels-cpu: graph %llu not captured (no graphs on "
+                           "the CPU): run the ops eagerly", (unsigned long long) key);
+    return rx_kgraphs_begin (k->graphs, key, err);
 }
 
 static int s_graph_end (void *be, rx_kstream_t *s, uint64_t key, struct rx_err *err)
 {
-    (void) be; (void) s;
-    return rx_err_set (err, RX_ENOTSUP, "kernels-cpu: graph %llu: no capture in progress "
-                       "(no graphs on the CPU)", (unsigned long long) key);
+    struct rx_kcpu *k = be;
+    if (!k) return rx_err_set (err, RX_EINVAL, "kernels-cpu graph_end: no backend");
+    if (s && s->magic != S_STREAM_MAGIC)
+        return rx_err_set (err, RX_EINVAL, "kernels-cpu graph_end: bad stream");
+    if (!k->graphs)
+        return rx_err_set (err, RX_ENOTSUP, "kernels-cpu: graph %llu: no capture in progress "
+                           "(no graphs on the CPU)", (unsigned long long) key);
+    return rx_kgraphs_end (k->graphs, key, err);
 }
 
 static int s_graph_launch (void *be, rx_kstream_t *s, uint64_t key, struct rx_err *err)
 {
-    (void) be; (void) s;
-    return rx_err_set (err, RX_ENOTSUP, "kernels-cpu: graph %llu was never captured (no "
-                       "graphs on the CPU)", (unsigned long long) key);
+    struct rx_kcpu *k = be;
+    if (!k) return rx_err_set (err, RX_EINVAL, "kernels-cpu graph_launch: no backend");
+    if (s && s->magic != S_STREAM_MAGIC)
+        return rx_err_set (err, RX_EINVAL, "kernels-cpu graph_launch: bad stream");
+    if (!k->graphs)
+        return rx_err_set (err, RX_ENOTSUP, "kernels-cpu: graph %llu was never captured (no "
+                           "graphs on the CPU)", (unsigned long long) key);
+    return rx_kgraphs_launch (k->graphs, be, s, key, err);
 }
 
 static int s_graph_has (void *be, uint64_t key)
 {
-    (void) be; (void) key;
-    return 0;
+    struct rx_kcpu *k = be;
+    return k && rx_kgraphs_has (k->graphs, key);
 }
 
 /* -------------------------------------------------------------- weights -- */
@@ -555,6 +609,7 @@ static void s_weight_free (void *be, rx_kweight_t *w)
                  (void *) w);
         return;
     }
+    rx_kgraphs_clear (k->graphs);
     s_weight_release (k, w);
 }
 
@@ -934,6 +989,171 @@ S_GUARDED (kv_store, (void *be, rx_kstream_t *s, const struct rx_kv_pool *pool, 
 S_GUARDED (attention, (void *be, rx_kstream_t *s, const float *q, size_t ldq, const struct rx_kv_pool *pool, const struct rx_attn_batch *b, const struct rx_attn_params *p, float *out, size_t ldo, struct rx_err *err),
            (be, s, q, ldq, pool, b, p, out, ldo, err))
 
+/* ------------------------------------------------- emulated graph capture -- */
+
+/* With [kernels.cpu] graphs, an op issued while a graph is being captured
+ * is recorded (graph.h), not run: x_<op> stores its arguments by value in a
+ * struct r_<op> and the replay calls g_<op> with them, on the launch's
+ * stream.  Pointers are kept as pointers (device memory is read at launch,
+ * as on a GPU); the parameter structs of rope, kv_store and attention are
+ * copied (a CUDA kernel's arguments are fixed at capture). */
+#define S_UNPAREN(...) __VA_ARGS__
+
+#define S_CAPTURED(op, params, fields, names, replay)                                    \
+    struct r_##op { S_UNPAREN fields };                                                  \
+    static int r_##op (void *be, rx_kstream_t *s, const void *p_, struct rx_err *err)    \
+    {                                                                                    \
+        const struct r_##op *a = p_;                                                     \
+        return g_##op (be, s, S_UNPAREN replay, err);                                    \
+    }                                                                                    \
+    static int x_##op params                                                             \
+    {                                                                                    \
+        struct rx_kcpu *xk = be;                                                         \
+        if (xk && rx_kgraphs_capturing (xk->graphs, NULL)) {                             \
+            struct r_##op a_ = { S_UNPAREN names };                                      \
+            return rx_kgraphs_record (xk->graphs, r_##op, &a_, sizeof a_, err);          \
+        }                                                                                \
+        return g_##op (be, s, S_UNPAREN names, err);                                     \
+    }
+
+S_CAPTURED (copy_d2d, (void *be, rx_kstream_t *s, void *dst, const void *src, size_t bytes, struct rx_err *err),
+            (void *dst; const void *src; size_t bytes;), (dst, src, bytes), (a->dst, a->src, a->bytes))
+S_CAPTURED (memset, (void *be, rx_kstream_t *s, void *dst, int byte, size_t bytes, struct rx_err *err),
+            (void *dst; int byte; size_t bytes;), (dst, byte, bytes), (a->dst, a->byte, a->bytes))
+S_CAPTURED (get_rows, (void *be, rx_kstream_t *s, const rx_kweight_t *w, const int32_t *ids, size_t n, float *out, size_t ldo, struct rx_err *err),
+            (const rx_kweight_t *w; const int32_t *ids; size_t n; float *out; size_t ldo;),
+            (w, ids, n, out, ldo), (a->w, a->ids, a->n, a->out, a->ldo))
+S_CAPTURED (rms_norm, (void *be, rx_kstream_t *s, const float *x, size_t ldx, const float *w, float *y, size_t ldy, size_t rows, size_t dim, float eps, struct rx_err *err),
+            (const float *x; size_t ldx; const float *w; float *y; size_t ldy, rows, dim; float eps;),
+            (x, ldx, w, y, ldy, rows, dim, eps), (a->x, a->ldx, a->w, a->y, a->ldy, a->rows, a->dim, a->eps))
+S_CAPTURED (matmul, (void *be, rx_kstream_t *s, const rx_kweight_t *w, int expert, const float *x, size_t ldx, float *y, size_t ldy, size_t n, uint32_t flags, struct rx_err *err),
+            (const rx_kweight_t *w; int expert; const float *x; size_t ldx; float *y; size_t ldy, n; uint32_t flags;),
+            (w, expert, x, ldx, y, ldy, n, flags), (a->w, a->expert, a->x, a->ldx, a->y, a->ldy, a->n, a->flags))
+S_CAPTURED (swiglu, (void *be, rx_kstream_t *s, const float *gate, size_t ldg, const float *up, size_t ldu, float *out, size_t ldo, size_t rows, size_t dim, struct rx_err *err),
+            (const float *gate; size_t ldg; const float *up; size_t ldu; float *out; size_t ldo, rows, dim;),
+            (gate, ldg, up, ldu, out, ldo, rows, dim), (a->gate, a->ldg, a->up, a->ldu, a->out, a->ldo, a->rows, a->dim))
+S_CAPTURED (add, (void *be, rx_kstream_t *s, const float *a, size_t lda, const float *b, size_t ldb, float *y, size_t ldy, size_t rows, size_t dim, struct rx_err *err),
+            (const float *a; size_t lda; const float *b; size_t ldb; float *y; size_t ldy, rows, dim;),
+            (a, lda, b, ldb, y, ldy, rows, dim), (a->a, a->lda, a->b, a->ldb, a->y, a->ldy, a->rows, a->dim))
+S_CAPTURED (mul, (void *be, rx_kstream_t *s, const float *a, size_t lda, const float *b, size_t ldb, float *y, size_t ldy, size_t rows, size_t dim, struct rx_err *err),
+            (const float *a; size_t lda; const float *b; size_t ldb; float *y; size_t ldy, rows, dim;),
+            (a, lda, b, ldb, y, ldy, rows, dim), (a->a, a->lda, a->b, a->ldb, a->y, a->ldy, a->rows, a->dim))
+S_CAPTURED (scale, (void *be, rx_kstream_t *s, const float *x, size_t ldx, float *y, size_t ldy, size_t rows, size_t dim, float alpha, struct rx_err *err),
+            (const float *x; size_t ldx; float *y; size_t ldy, rows, dim; float alpha;),
+            (x, ldx, y, ldy, rows, dim, alpha), (a->x, a->ldx, a->y, a->ldy, a->rows, a->dim, a->alpha))
+S_CAPTURED (softmax, (void *be, rx_kstream_t *s, float *x, size_t ldx, size_t rows, size_t dim, float scale, struct rx_err *err),
+            (float *x; size_t ldx, rows, dim; float scale;), (x, ldx, rows, dim, scale),
+            (a->x, a->ldx, a->rows, a->dim, a->scale))
+S_CAPTURED (sigmoid, (void *be, rx_kstream_t *s, const float *x, size_t ldx, float *y, size_t ldy, size_t rows, size_t dim, struct rx_err *err),
+            (const float *x; size_t ldx; float *y; size_t ldy, rows, dim;), (x, ldx, y, ldy, rows, dim),
+            (a->x, a->ldx, a->y, a->ldy, a->rows, a->dim))
+S_CAPTURED (copy2d, (void *be, rx_kstream_t *s, const float *x, size_t ldx, float *y, size_t ldy, size_t rows, size_t dim, struct rx_err *err),
+            (const float *x; size_t ldx; float *y; size_t ldy, rows, dim;), (x, ldx, y, ldy, rows, dim),
+            (a->x, a->ldx, a->y, a->ldy, a->rows, a->dim))
+S_CAPTURED (argmax, (void *be, rx_kstream_t *s, const float *x, size_t ldx, size_t rows, size_t dim, int32_t *out, struct rx_err *err),
+            (const float *x; size_t ldx, rows, dim; int32_t *out;), (x, ldx, rows, dim, out),
+            (a->x, a->ldx, a->rows, a->dim, a->out))
+S_CAPTURED (topk, (void *be, rx_kstream_t *s, const float *x, size_t ldx, size_t rows, size_t dim, size_t kk, float *vals, int32_t *idx, struct rx_err *err),
+            (const float *x; size_t ldx, rows, dim, kk; float *vals; int32_t *idx;),
+            (x, ldx, rows, dim, kk, vals, idx), (a->x, a->ldx, a->rows, a->dim, a->kk, a->vals, a->idx))
+
+/* The ops whose parameter structs are copied into the record. */
+struct r_rope {
+    float *x;
+    size_t ldx, n_tok, n_head, ld_head;
+    const int32_t *pos;
+    struct rx_rope_params p;
+};
+
+static int r_rope (void *be, rx_kstream_t *s, const void *p_, struct rx_err *err)
+{
+    const struct r_rope *a = p_;
+    return g_rope (be, s, a->x, a->ldx, a->n_tok, a->n_head, a->ld_head, a->pos, &a->p, err);
+}
+
+static int x_rope (void *be, rx_kstream_t *s, float *x, size_t ldx, size_t n_tok, size_t n_head,
+                   size_t ld_head, const int32_t *pos, const struct rx_rope_params *p, struct rx_err *err)
+{
+    struct rx_kcpu *xk = be;
+    if (!xk || !rx_kgraphs_capturing (xk->graphs, NULL) || !p)
+        return g_rope (be, s, x, ldx, n_tok, n_head, ld_head, pos, p, err);
+    struct r_rope a = { x, ldx, n_tok, n_head, ld_head, pos, { 0 } };
+    /* a caller's older (shorter) struct: what it has, the rest zero */
+    memcpy (&a.p, p, p->struct_size < sizeof a.p ? p->struct_size : sizeof a.p);
+    return rx_kgraphs_record (xk->graphs, r_rope, &a, sizeof a, err);
+}
+
+struct r_kv_store {
+    struct rx_kv_pool pool;
+    const float *kx, *vx;
+    size_t ldk, ldv, n_tok;
+    const int32_t *slots;
+};
+
+static int r_kv_store (void *be, rx_kstream_t *s, const void *p_, struct rx_err *err)
+{
+    const struct r_kv_store *a = p_;
+    return g_kv_store (be, s, &a->pool, a->kx, a->ldk, a->vx, a->ldv, a->slots, a->n_tok, err);
+}
+
+static int x_kv_store (void *be, rx_kstream_t *s, const struct rx_kv_pool *pool, const float *kx,
+                       size_t ldk, const float *vx, size_t ldv, const int32_t *slots, size_t n_tok,
+                       struct rx_err *err)
+{
+    struct rx_kcpu *xk = be;
+    if (!xk || !rx_kgraphs_capturing (xk->graphs, NULL) || !pool)
+        return g_kv_store (be, s, pool, kx, ldk, vx, ldv, slots, n_tok, err);
+    struct r_kv_store a = { *pool, kx, vx, ldk, ldv, n_tok, slots };
+    return rx_kgraphs_record (xk->graphs, r_kv_store, &a, sizeof a, err);
+}
+
+struct r_attention {
+    const float *q;
+    float *out;
+    size_t ldq, ldo;
+    struct rx_kv_pool pool;
+    struct rx_attn_batch b;
+    struct rx_attn_params p;
+};
+
+static int r_attention (void *be, rx_kstream_t *s, const void *p_, struct rx_err *err)
+{
+    const struct r_attention *a = p_;
+    return g_attention (be, s, a->q, a->ldq, &a->pool, &a->b, &a->p, a->out, a->ldo, err);
+}
+
+static int x_attention (void *be, rx_kstream_t *s, const float *q, size_t ldq,
+                        const struct rx_kv_pool *pool, const struct rx_attn_batch *b,
+                        const struct rx_attn_params *p, float *out, size_t ldo, struct rx_err *err)
+{
+    struct rx_kcpu *xk = be;
+    if (!xk || !rx_kgraphs_capturing (xk->graphs, NULL) || !pool || !b || !p)
+        return g_attention (be, s, q, ldq, pool, b, p, out, ldo, err);
+    struct r_attention a = { q, out, ldq, ldo, *pool, *b, { 0 } };
+    memcpy (&a.p, p, p->struct_size < sizeof a.p ? p->struct_size : sizeof a.p);
+    return rx_kgraphs_record (xk->graphs, r_attention, &a, sizeof a, err);
+}
+
+/* Host transfers and weight loads cannot be captured: during a capture
+ * they drop it and fail (a CUDA capture would be invalidated too), so a
+ * model that syncs or copies to the host inside its captured region is
+ * caught on the CPU. */
+#define S_NOT_IN_GRAPH(op, params, args)                                               \
+    static int x_##op params                                                          \
+    {                                                                                 \
+        struct rx_kcpu *xk = be;                                                      \
+        if (xk && rx_kgraphs_capturing (xk->graphs, NULL))                            \
+            return s_not_capturable (xk, #op, err);                                   \
+        return g_##op args;                                                           \
+    }
+
+S_NOT_IN_GRAPH (copy_h2d, (void *be, rx_kstream_t *s, void *dst, const void *src, size_t bytes, struct rx_err *err),
+                (be, s, dst, src, bytes, err))
+S_NOT_IN_GRAPH (copy_d2h, (void *be, rx_kstream_t *s, void *dst, const void *src, size_t bytes, struct rx_err *err),
+                (be, s, dst, src, bytes, err))
+S_NOT_IN_GRAPH (weight_load, (void *be, const struct rx_weight_view *v, rx_kweight_t **w, struct rx_err *err),
+                (be, v, w, err))
+
 /* ------------------------------------------------------------ the table -- */
 
 static const struct rx_kernels_ops s_ops = {
@@ -943,10 +1163,10 @@ static const struct rx_kernels_ops s_ops = {
     .info = s_info,
     .alloc = s_alloc,
     .free_ = s_free,
-    .copy_h2d = g_copy_h2d,
-    .copy_d2h = g_copy_d2h,
-    .copy_d2d = g_copy_d2d,
-    .memset_ = g_memset,
+    .copy_h2d = x_copy_h2d,
+    .copy_d2h = x_copy_d2h,
+    .copy_d2d = x_copy_d2d,
+    .memset_ = x_memset,
     .stream_create = s_stream_create,
     .stream_destroy = s_stream_destroy,
     .synchronize = s_synchronize,
@@ -954,24 +1174,24 @@ static const struct rx_kernels_ops s_ops = {
     .graph_end = s_graph_end,
     .graph_launch = s_graph_launch,
     .graph_has = s_graph_has,
-    .weight_load = g_weight_load,
+    .weight_load = x_weight_load,
     .weight_free = s_weight_free,
     .weight_data = s_weight_data,
-    .get_rows = g_get_rows,
-    .rms_norm = g_rms_norm,
-    .rope = g_rope,
-    .matmul = g_matmul,
-    .swiglu = g_swiglu,
-    .add = g_add,
-    .mul = g_mul,
-    .scale = g_scale,
-    .softmax = g_softmax,
-    .sigmoid = g_sigmoid,
-    .copy2d = g_copy2d,
-    .argmax = g_argmax,
-    .topk = g_topk,
-    .kv_store = g_kv_store,
-    .attention = g_attention,
+    .get_rows = x_get_rows,
+    .rms_norm = x_rms_norm,
+    .rope = x_rope,
+    .matmul = x_matmul,
+    .swiglu = x_swiglu,
+    .add = x_add,
+    .mul = x_mul,
+    .scale = x_scale,
+    .softmax = x_softmax,
+    .sigmoid = x_sigmoid,
+    .copy2d = x_copy2d,
+    .argmax = x_argmax,
+    .topk = x_topk,
+    .kv_store = x_kv_store,
+    .attention = x_attention,
 };
 
 RX_PLUGIN_DEFINE (.kind = RX_KIND_KERNELS, .name = "cpu", .version = S_VERSION,

@@ -28,6 +28,7 @@ struct rx_kcpu {
     const struct rx_kisa *isa;
     int weights_mode;             /* RX_KW_*: [kernels.cpu] weights */
     struct rx_kbuf *bufs;         /* every live alloc(), freed by destroy */
+    struct rx_kgraphs *graphs;    /* [kernels.cpu] graphs: emulated graphs (graph.h); NULL = off */
     rx_kguard_t *guard;           /* [kernels.cpu] guard_device_memory: alloc()
                                    * and plain weights live in a region that
                                    * is PROT_NONE outside ops (guard.h); NULL = off */

@@ -517,34 +517,39 @@ Test (engine, truncate_then_refeed_gives_the_same_logits)
     free (m);
 }
 
-/* [scheduler] cuda_graph_max_bs on a backend that cannot capture
- * (kernels-cpu answers graph_begin with RX_ENOTSUP): model-llama runs every
- * step op by op, with the same logits as without the key -- decode steps
- * at and above the graph batch limit, a prefill, and the steps after the
- * first refusal. */
-Test (engine, cuda_graph_max_bs_without_graphs_decodes_op_by_op)
+/* [scheduler] cuda_graph_max_bs: engine 1 on a backend that cannot capture
+ * (kernels-cpu answers graph_begin with RX_ENOTSUP: model-llama runs every
+ * step op by op), engine 2 on kernels-cpu's emulated graphs ([kernels.cpu]
+ * graphs: ops recorded at capture, replayed at launch, as on a GPU).  Both
+ * give engine 0's logits bit for bit -- prefill, decode steps at and above
+ * the graph batch limit, replays after the engine grew its logits buffer --
+ * and engine 2 holds graphs for batch sizes 1 and 2 only. */
+Test (engine, cuda_graph_max_bs_replays_decode_steps)
 {
     char *m = s_model ("tiny-llama.gguf");
-    struct rx_boot b[2];
-    rx_engine_t *e[2] = { s_engine (&b[0], NULL, m, 128, 16),
-                          s_engine (&b[1], "[scheduler]\ncuda_graph_max_bs = 2\n", m, 128, 16) };
+    struct rx_boot b[3];
+    rx_engine_t *e[3] = { s_engine (&b[0], NULL, m, 128, 16),
+                          s_engine (&b[1], "[scheduler]\ncuda_graph_max_bs = 2\n", m, 128, 16),
+                          s_engine (&b[2], "[scheduler]\ncuda_graph_max_bs = 2\n"
+                                           "[kernels.cpu]\ngraphs = true\n", m, 128, 16) };
     struct rx_err err = { 0 };
-    const int V = 32000;
-    float *lg[2] = { malloc (3 * V * sizeof (float)), malloc (3 * V * sizeof (float)) };
+    const int V = 32000, NE = 3;
+    float *lg[3] = { malloc (3 * V * sizeof (float)), malloc (3 * V * sizeof (float)),
+                     malloc (3 * V * sizeof (float)) };
     int32_t prompt[3][3] = { { 1, 450, 7483 }, { 1, 310, 3444 }, { 1, 338, 263 } };
-    int seq[2][3];
+    int seq[3][3];
     for (int j = 0; j < 3; j++)
-        for (int i = 0; i < 2; i++) {
+        for (int i = 0; i < NE; i++) {
             seq[i][j] = rx_engine_seq_new (e[i], 16, &err);
             cr_assert_geq (seq[i][j], 0, "%s", err.msg);
             struct rx_engine_req r = { seq[i][j], 3, prompt[j], 0 };
             cr_assert_eq (rx_engine_step (e[i], &r, 1, lg[i], &err), RX_OK, "%s", err.msg);
-            cr_assert (!memcmp (lg[0], lg[i], (size_t) V * sizeof (float)), "prefill %d", j);
+            cr_assert (!memcmp (lg[0], lg[i], (size_t) V * sizeof (float)), "engine %d, prefill %d", i, j);
         }
     /* Decode: batches of 1, 2 (graph-sized) and 3 (above the limit). */
-    const int bs[] = { 1, 2, 2, 3, 1, 2 };
+    const int bs[] = { 1, 1, 2, 2, 2, 3, 1, 1, 2 };
     for (size_t k = 0; k < sizeof bs / sizeof bs[0]; k++) {
-        for (int i = 0; i < 2; i++) {
+        for (int i = 0; i < NE; i++) {
             struct rx_engine_req r[3];
             int32_t tok[3];
             for (int j = 0; j < bs[k]; j++) {
@@ -553,10 +558,20 @@ Test (engine, cuda_graph_max_bs_without_graphs_decodes_op_by_op)
             }
             cr_assert_eq (rx_engine_step (e[i], r, bs[k], lg[i], &err), RX_OK, "step %zu: %s", k, err.msg);
         }
-        cr_assert (!memcmp (lg[0], lg[1], (size_t) bs[k] * V * sizeof (float)),
-                   "decode step %zu (batch %d): the same logits", k, bs[k]);
+        for (int i = 1; i < NE; i++)
+            cr_assert (!memcmp (lg[0], lg[i], (size_t) bs[k] * V * sizeof (float)),
+                       "engine %d, decode step %zu (batch %d): the same logits", i, k, bs[k]);
     }
-    for (int i = 0; i < 2; i++) {
+    /* model-llama's graph keys: "llama" << 24 | batch size (llama.c). */
+    const struct rx_kernels_ops *K = NULL;
+    void *be = NULL;
+    rx_engine_kernels (e[2], &K, &be);
+    cr_assert (K->graph_has (be, 0x6c6c616d61000000ull | 1) && K->graph_has (be, 0x6c6c616d61000000ull | 2),
+               "decode steps of 1 and 2 sequences were captured");
+    cr_assert_eq (K->graph_has (be, 0x6c6c616d61000000ull | 3), 0, "3 > cuda_graph_max_bs");
+    rx_engine_kernels (e[1], &K, &be);
+    cr_assert_eq (K->graph_has (be, 0x6c6c616d61000000ull | 1), 0, "no graphs without [kernels.cpu] graphs");
+    for (int i = 0; i < NE; i++) {
         free (lg[i]);
         rx_engine_destroy (&e[i]);
         rx_boot_close (&b[i]);

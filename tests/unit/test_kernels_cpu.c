@@ -570,6 +570,114 @@ Test (kcpu, info_memory_streams_graphs)
     K->destroy (NULL);
 }
 
+/* [kernels.cpu] graphs: ops issued during a capture are recorded, not
+ * run; a launch runs them on the device memory of launch time with the
+ * arguments of capture time; what a graph cannot hold fails and drops the
+ * capture; frees drop every graph (graph.h). */
+Test (kcpu, emulated_graphs)
+{
+    void *be = s_create_x ("auto", 1, "graphs = true\n");
+    struct rx_kernels_info info;
+    memset (&info, 0, sizeof info);
+    info.struct_size = sizeof info;
+    cr_assert_eq (K->info (be, &info), RX_OK);
+    cr_assert (info.caps & RX_KCAP_GRAPHS, "reports graphs");
+    struct rx_err err = { 0 };
+    float x[64], y[64];
+    for (int i = 0; i < 64; i++) x[i] = (float) i;
+    float *dx = NULL, *dy = NULL, *dz = NULL;
+    cr_assert_eq (K->alloc (be, sizeof x, 0, (void **) &dx, &err), RX_OK);
+    cr_assert_eq (K->alloc (be, sizeof x, 0, (void **) &dy, &err), RX_OK);
+    cr_assert_eq (K->copy_h2d (be, NULL, dx, x, sizeof x, &err), RX_OK);
+    cr_assert_eq (K->memset_ (be, NULL, dy, 0, sizeof y, &err), RX_OK);
+    /* y = 2x; y *= 3 (in place): recorded, not run. */
+    cr_assert_eq (K->graph_begin (be, NULL, 7, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (K->graph_begin (be, NULL, 8, &err), RX_EINVAL, "one capture at a time");
+    cr_assert_eq (K->scale (be, NULL, dx, 64, dy, 64, 1, 64, 2.f, &err), RX_OK);
+    cr_assert_eq (K->scale (be, NULL, dy, 64, dy, 64, 1, 64, 3.f, &err), RX_OK);
+    cr_assert_eq (K->graph_has (be, 7), 0, "not before graph_end");
+    cr_assert_eq (K->graph_end (be, NULL, 7, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (K->copy_d2h (be, NULL, y, dy, sizeof y, &err), RX_OK);
+    for (int i = 0; i < 64; i++) cr_assert_eq (y[i], 0.f, "capture ran nothing");
+    cr_assert (K->graph_has (be, 7));
+    cr_assert_eq (K->graph_launch (be, NULL, 7, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (K->copy_d2h (be, NULL, y, dy, sizeof y, &err), RX_OK);
+    for (int i = 0; i < 64; i++) cr_assert_eq (y[i], 6.f * (float) i);
+    /* The replay reads device memory as it is at launch. */
+    for (int i = 0; i < 64; i++) x[i] = (float) (100 - i);
+    cr_assert_eq (K->copy_h2d (be, NULL, dx, x, sizeof x, &err), RX_OK);
+    cr_assert_eq (K->graph_launch (be, NULL, 7, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (K->copy_d2h (be, NULL, y, dy, sizeof y, &err), RX_OK);
+    for (int i = 0; i < 64; i++) cr_assert_eq (y[i], 6.f * (float) (100 - i));
+    /* Parameter structs are copied at capture: the caller's may change. */
+    struct rx_rope_params rp = { .struct_size = sizeof rp, .mode = RX_ROPE_NORMAL, .n_rot = 64,
+                                 .n_ctx_orig = 4096, .freq_base = 10000.f, .freq_scale = 1.f,
+                                 .attn_factor = 1.f, .beta_fast = 32.f, .beta_slow = 1.f };
+    int32_t pos = 5, *dpos = NULL;
+    cr_assert_eq (K->alloc (be, sizeof pos, 0, (void **) &dpos, &err), RX_OK);
+    cr_assert_eq (K->copy_h2d (be, NULL, dpos, &pos, sizeof pos, &err), RX_OK);
+    float want[64];
+    cr_assert_eq (K->copy_d2d (be, NULL, dy, dx, sizeof x, &err), RX_OK);
+    cr_assert_eq (K->rope (be, NULL, dy, 64, 1, 1, 64, dpos, &rp, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (K->copy_d2h (be, NULL, want, dy, sizeof want, &err), RX_OK);
+    cr_assert_eq (K->graph_begin (be, NULL, 9, &err), RX_OK);
+    cr_assert_eq (K->copy_d2d (be, NULL, dy, dx, sizeof x, &err), RX_OK);
+    cr_assert_eq (K->rope (be, NULL, dy, 64, 1, 1, 64, dpos, &rp, &err), RX_OK);
+    cr_assert_eq (K->graph_end (be, NULL, 9, &err), RX_OK);
+    rp.freq_base = 1.f;   /* too late for graph 9 */
+    cr_assert_eq (K->memset_ (be, NULL, dy, 0, sizeof y, &err), RX_OK);
+    cr_assert_eq (K->graph_launch (be, NULL, 9, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (K->copy_d2h (be, NULL, y, dy, sizeof y, &err), RX_OK);
+    cr_assert (!memcmp (y, want, sizeof y), "rope replayed with the captured params");
+    /* What a graph cannot hold: the op fails, the capture is dropped. */
+    const char *bad[] = { "synchronize", "copy_d2h", "copy_h2d" };
+    for (int k = 0; k < 3; k++) {
+        cr_assert_eq (K->graph_begin (be, NULL, 10, &err), RX_OK);
+        int rc = k == 0 ? K->synchronize (be, NULL, &err)
+               : k == 1 ? K->copy_d2h (be, NULL, y, dy, sizeof y, &err)
+                        : K->copy_h2d (be, NULL, dy, y, sizeof y, &err);
+        cr_assert_eq (rc, RX_EINVAL, "%s during a capture", bad[k]);
+        cr_assert (strstr (err.msg, bad[k]) && strstr (err.msg, "graph 10"), "%s", err.msg);
+        cr_assert_eq (K->graph_end (be, NULL, 10, &err), RX_EINVAL, "the capture was dropped");
+        cr_assert_eq (K->graph_has (be, 10), 0);
+    }
+    cr_assert_eq (K->synchronize (be, NULL, &err), RX_OK, "outside a capture: fine");
+    /* graph_end of another key drops the capture; unknown keys. */
+    cr_assert_eq (K->graph_begin (be, NULL, 11, &err), RX_OK);
+    cr_assert_eq (K->graph_end (be, NULL, 12, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "graph 11"), "%s", err.msg);
+    cr_assert_eq (K->graph_launch (be, NULL, 11, &err), RX_ENOENT);
+    cr_assert_eq (K->graph_launch (be, NULL, 99, &err), RX_ENOENT);
+    cr_assert (strstr (err.msg, "capture it again"), "%s", err.msg);
+    /* A failing op inside a graph fails its launch. */
+    cr_assert_eq (K->graph_begin (be, NULL, 13, &err), RX_OK);
+    cr_assert_eq (K->scale (be, NULL, dx, 64, dy, 8, 2, 64, 2.f, &err), RX_OK, "recorded unchecked");
+    cr_assert_eq (K->graph_end (be, NULL, 13, &err), RX_OK);
+    cr_assert_eq (K->graph_launch (be, NULL, 13, &err), RX_EINVAL, "ldy 8 < dim 64 at replay");
+    /* Freeing device memory drops every graph. */
+    cr_assert (K->graph_has (be, 7) && K->graph_has (be, 9));
+    cr_assert_eq (K->alloc (be, 16, 0, (void **) &dz, &err), RX_OK);
+    K->free_ (be, dz);
+    cr_assert_eq (K->graph_has (be, 7) + K->graph_has (be, 9), 0, "dropped by free_");
+    /* More graphs than kept (64): the least recently used go first. */
+    for (uint64_t g = 100; g < 100 + 70; g++) {
+        cr_assert_eq (K->graph_begin (be, NULL, g, &err), RX_OK);
+        cr_assert_eq (K->scale (be, NULL, dx, 64, dy, 64, 1, 64, 1.f, &err), RX_OK);
+        cr_assert_eq (K->graph_end (be, NULL, g, &err), RX_OK);
+        if (g == 150) cr_assert_eq (K->graph_launch (be, NULL, 100, &err), RX_OK, "keep 100 fresh");
+    }
+    cr_assert (K->graph_has (be, 100), "recently launched: kept");
+    cr_assert_eq (K->graph_has (be, 101), 0, "least recently used: dropped");
+    cr_assert (K->graph_has (be, 169));
+    K->free_ (be, dx);
+    K->free_ (be, dy);
+    K->free_ (be, dpos);
+    /* A capture left open at destroy is released (valgrind/ASan: no leak). */
+    cr_assert_eq (K->graph_begin (be, NULL, 200, &err), RX_OK);
+    cr_assert_eq (K->scale (be, NULL, dx, 64, dx, 64, 1, 64, 1.f, &err), RX_OK);
+    K->destroy (be);
+}
+
 Test (kcpu, create_errors)
 {
     struct rx_err err = { 0 };
