@@ -58,6 +58,7 @@ struct rx_engine {
     int32_t *ih;
     size_t cap_ih;
     float *d_logits;              /* device [cap_out][n_vocab] */
+    int32_t *d_ids;               /* device [cap_out]: argmax of each output row */
     int32_t cap_out;
     rx_eplb_rt_t *eplb;           /* MoE models: recording and placement (core/expert_record.h) */
 };
@@ -712,6 +713,7 @@ void rx_engine_destroy (rx_engine_t **self_p)
     if (e->model) e->M->destroy (e->model);
     rx_eplb_rt_free (&e->eplb);   /* after the model (it borrows the placement) */
     if (e->d_logits) e->K->free_ (e->be, e->d_logits);
+    if (e->d_ids) e->K->free_ (e->be, e->d_ids);
     /* After the model (it reduces through the group), before the kernel
      * backend (the instance borrows it). */
     if (e->comm) e->C->destroy (e->comm);
@@ -874,34 +876,82 @@ int rx_engine_step (rx_engine_t *e, const struct rx_engine_req *reqs, int32_t n_
 int rx_engine_forward (rx_engine_t *e, const struct rx_model_batch *b, float *logits,
                        struct rx_err *err)
 {
+    return rx_engine_forward_ids (e, b, logits, NULL, NULL, err);
+}
+
+/* Copies the output rows j with want[j] (all rows when want is NULL) of
+ * the device logits to the same rows of logits, runs of rows at a time. */
+static int s_logits_down (rx_engine_t *e, float *logits, int32_t n_out, const uint8_t *want,
+                          struct rx_err *err)
+{
+    const size_t row = (size_t) e->info.n_vocab * sizeof (float);
+    for (int32_t j = 0; j < n_out;) {
+        if (want && !want[j]) {
+            j++;
+            continue;
+        }
+        int32_t k = j + 1;
+        while (k < n_out && (!want || want[k])) k++;
+        int rc = e->K->copy_d2h (e->be, NULL, (char *) logits + (size_t) j * row,
+                                 (const char *) e->d_logits + (size_t) j * row, (size_t) (k - j) * row, err);
+        if (rc != RX_OK) return rc;
+        j = k;
+    }
+    return RX_OK;
+}
+
+int rx_engine_forward_ids (rx_engine_t *e, const struct rx_model_batch *b, float *logits,
+                           const uint8_t *want, int32_t *ids, struct rx_err *err)
+{
     if (!b || b->struct_size < sizeof *b)
         return rx_err_set (err, RX_EINVAL, "engine: forward: NULL or short batch");
     int32_t n_out = b->n_out;
-    if (n_out > 0 && !logits)
+    int wanted = n_out > 0 && !want;
+    for (int32_t j = 0; want && j < n_out && !wanted; j++) wanted = want[j] != 0;
+    if (wanted && !logits)
         return rx_err_set (err, RX_EINVAL, "engine: forward: %d output rows but no logits buffer", n_out);
+    if (n_out > 0 && !wanted && !ids)
+        return rx_err_set (err, RX_EINVAL, "engine: forward: %d output rows but neither logits nor ids asked for",
+                           n_out);
     if (n_out > b->n_tokens)
         return rx_err_set (err, RX_EINVAL, "engine: forward: %d output rows for %d tokens", n_out,
                            b->n_tokens);
     if (n_out > e->cap_out) {
-        if (e->d_logits) {
+        if (e->d_logits || e->d_ids) {
             e->K->synchronize (e->be, NULL, NULL);
-            e->K->free_ (e->be, e->d_logits);
+            if (e->d_logits) e->K->free_ (e->be, e->d_logits);
+            if (e->d_ids) e->K->free_ (e->be, e->d_ids);
             e->d_logits = NULL;
+            e->d_ids = NULL;
             e->cap_out = 0;
         }
-        void *d;
+        void *d, *di;
         int rc = e->K->alloc (e->be, (size_t) n_out * (size_t) e->info.n_vocab * sizeof (float), 0, &d, err);
         if (rc != RX_OK) return rc;
+        if ((rc = e->K->alloc (e->be, (size_t) n_out * sizeof (int32_t), 0, &di, err)) != RX_OK) {
+            e->K->free_ (e->be, d);
+            return rc;
+        }
         e->d_logits = d;
+        e->d_ids = di;
         e->cap_out = n_out;
     }
     struct rx_model_batch mb = *b;
     mb.logits = n_out > 0 ? e->d_logits : NULL;
     int rc = e->M->forward (e->model, &mb, err);
-    if (rc == RX_OK && n_out > 0)
-        rc = e->K->copy_d2h (e->be, NULL, logits, e->d_logits,
-                             (size_t) n_out * (size_t) e->info.n_vocab * sizeof (float), err);
+    if (rc == RX_OK && n_out > 0 && ids) {
+        /* The argmax on the device: a greedy row needs 4 bytes, not its
+         * n_vocab logits, back on the host. */
+        const size_t V = (size_t) e->info.n_vocab;
+        rc = e->K->argmax (e->be, NULL, e->d_logits, V, (size_t) n_out, V, e->d_ids, err);
+        if (rc == RX_OK)
+            rc = e->K->copy_d2h (e->be, NULL, ids, e->d_ids, (size_t) n_out * sizeof (int32_t), err);
+    }
+    if (rc == RX_OK && wanted) rc = s_logits_down (e, logits, n_out, want, err);
     if (rc == RX_OK) rc = e->K->synchronize (e->be, NULL, err);
+    if (rc == RX_OK && ids)
+        for (int32_t j = 0; j < n_out; j++)
+            if (ids[j] < 0 || ids[j] >= e->info.n_vocab) ids[j] = 0;   /* an all-NaN row (as rx_argmax) */
     if (rc == RX_OK) rc = rx_eplb_rt_step (e->eplb, err);   /* EPLB at the step boundary */
     return rc;
 }

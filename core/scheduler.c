@@ -101,6 +101,8 @@ struct rx_sched {
     /* step scratch */
     struct s_list batch;
     int32_t *b_tokens, *b_pos, *b_q, *b_kvs, *b_slots, *b_out;
+    int32_t *b_ids;              /* [cap_seq] the device argmax of each output row */
+    uint8_t *b_want;             /* [cap_seq] 1 = the row's logits are needed on the host */
     size_t cap_tok, cap_seq, cap_slots;
     float *logits;
     size_t cap_logits;
@@ -395,6 +397,7 @@ void rx_sched_destroy (rx_sched_t **self_p)
     free (s->mslots);
     free (s->b_tokens); free (s->b_pos); free (s->b_q); free (s->b_kvs);
     free (s->b_slots); free (s->b_out); free (s->logits); free (s->items);
+    free (s->b_ids); free (s->b_want);
     free (s->ent); free (s->ent_index); free (s->ent_ids); free (s->ent_lp);
     free (s->ent_top_lp); free (s->ent_top_ids);
     free (s);
@@ -1022,6 +1025,18 @@ static int s_form_decode (rx_sched_t *s, struct rx_sched_out *out)
 
 /* ---------------------------------------------------- forward, sample -- */
 
+/* Whether s_sample will read r's logits row (else the device argmax the
+ * engine returns is its token): sampling, penalties, a min_tokens ban and
+ * logprobs need the row; a plain greedy request does not. */
+static int s_needs_logits (const struct s_req *r)
+{
+    const struct rx_sampling_params *sp = &r->g->req.sp;
+    const uint32_t n_out = r->len - r->n_in;
+    if ((int64_t) n_out >= r->g->max_new) return 0;   /* finishes without a token */
+    const int ban = (int64_t) n_out < sp->min_tokens;
+    return !(r->g->plain_greedy && !ban) || sp->logprobs;
+}
+
 static int s_forward (rx_sched_t *s, int32_t all_decode, struct rx_err *err)
 {
     size_t n_seq = s->batch.n, n_tok = 0, n_slot = 0, n_out = 0;
@@ -1045,7 +1060,11 @@ static int s_forward (rx_sched_t *s, int32_t all_decode, struct rx_err *err)
         if (kv) s->b_kvs = kv;
         int32_t *o = realloc (s->b_out, cap_seq * sizeof *o);
         if (o) s->b_out = o;
-        if (!q || !kv || !o) return rx_err_set (err, RX_ENOMEM, "scheduler: out of memory");
+        int32_t *ids = realloc (s->b_ids, cap_seq * sizeof *ids);
+        if (ids) s->b_ids = ids;
+        uint8_t *want = realloc (s->b_want, cap_seq * sizeof *want);
+        if (want) s->b_want = want;
+        if (!q || !kv || !o || !ids || !want) return rx_err_set (err, RX_ENOMEM, "scheduler: out of memory");
         s->cap_seq = cap_seq;
     }
     if (!pos) return rx_err_set (err, RX_ENOMEM, "scheduler: out of memory");
@@ -1063,7 +1082,10 @@ static int s_forward (rx_sched_t *s, int32_t all_decode, struct rx_err *err)
             s->b_pos[t] = (int32_t) (r->n_kv + j);
             t++;
         }
-        if (r->n_kv + r->extend == r->len) s->b_out[n_out++] = (int32_t) t - 1;
+        if (r->n_kv + r->extend == r->len) {
+            s->b_want[n_out] = (uint8_t) s_needs_logits (r);
+            s->b_out[n_out++] = (int32_t) t - 1;
+        }
     }
     s->b_q[n_seq] = (int32_t) t;
     s->b_kvs[n_seq] = (int32_t) k;
@@ -1083,7 +1105,7 @@ static int s_forward (rx_sched_t *s, int32_t all_decode, struct rx_err *err)
         .logits = NULL,
         .all_decode = all_decode,
     };
-    return rx_engine_forward (s->engine, &b, n_out ? s->logits : NULL, err);
+    return rx_engine_forward_ids (s->engine, &b, n_out ? s->logits : NULL, s->b_want, s->b_ids, err);
 }
 
 static int s_is_stop_id (const struct rx_sampling_params *sp, int32_t t)
@@ -1093,9 +1115,11 @@ static int s_is_stop_id (const struct rx_sampling_params *sp, int32_t t)
     return 0;
 }
 
-/* Sample r's next token from its raw logits row, emit it, check finish.
- * Returns 1 when the request finished. */
-static int s_sample (rx_sched_t *s, struct s_req *r, const float *raw)
+/* Sample r's next token from its raw logits row (copied to the host only
+ * when s_needs_logits said so; else dev_argmax, the device's argmax of the
+ * row, is the token), emit it, check finish.  Returns 1 when the request
+ * finished. */
+static int s_sample (rx_sched_t *s, struct s_req *r, const float *raw, int32_t dev_argmax)
 {
     const struct rx_sampling_params *sp = &r->g->req.sp;
     const int32_t V = s->n_vocab;
@@ -1109,7 +1133,7 @@ static int s_sample (rx_sched_t *s, struct s_req *r, const float *raw)
     int ban = (int64_t) n_out < sp->min_tokens;
     int32_t tok;
     if (r->g->plain_greedy && !ban) {
-        tok = rx_argmax (raw, V);
+        tok = dev_argmax;   /* = rx_argmax (raw, V), computed on the device (s_needs_logits) */
     } else {
         float *row = s->row_buf;
         memcpy (row, raw, (size_t) V * sizeof *row);
@@ -1249,8 +1273,9 @@ int rx_sched_step (rx_sched_t *s, struct rx_sched_out *out, struct rx_err *err)
             s_cache_unfinished (s, r);
             continue;
         }
-        const float *row = s->logits + k++ * (size_t) s->n_vocab;
-        if (s_sample (s, r, row)) {
+        const float *row = s->logits + k * (size_t) s->n_vocab;
+        const int32_t id = s->b_ids[k++];
+        if (s_sample (s, r, row, id)) {
             s_list_remove (&s->running, r);
             s_release (s, r, 1);
             s_retire (s, r);

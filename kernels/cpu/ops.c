@@ -326,10 +326,13 @@ static void s_argmax_fn (void *ctx, size_t r0, size_t r1)
     struct s_sel *c = ctx;
     for (size_t r = r0; r < r1; r++) {
         const float *x = c->x + r * c->ldx;
-        size_t best = 0;
-        for (size_t i = 1; i < c->dim; i++)
-            if (x[i] > x[best]) best = i;   /* NaN never wins */
-        c->idx[r] = (int32_t) best;
+        /* NaN never wins, the first of equal maxima does, an all-NaN row
+         * is 0: the host's rx_argmax (core/sampling.c) exactly, so the
+         * scheduler may take a device argmax for a greedy request. */
+        size_t best = c->dim;
+        for (size_t i = 0; i < c->dim; i++)
+            if (!isnan (x[i]) && (best == c->dim || x[i] > x[best])) best = i;
+        c->idx[r] = best == c->dim ? 0 : (int32_t) best;
     }
 }
 

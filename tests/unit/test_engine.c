@@ -13,6 +13,7 @@
 
 #include "boot.h"
 #include "engine.h"
+#include "sampling.h"
 #include "gguf.h"
 #include "gguf_writer.h"
 #include "loader.h"
@@ -576,6 +577,49 @@ Test (engine, cuda_graph_max_bs_replays_decode_steps)
         rx_engine_destroy (&e[i]);
         rx_boot_close (&b[i]);
     }
+    free (m);
+}
+
+/* rx_engine_forward_ids: the device argmax of every output row equals the
+ * host's rx_argmax of the full logits; only the wanted rows are copied
+ * (the others keep what the buffer held); no logits buffer is needed when
+ * no row is wanted; asking for nothing is an error. */
+Test (engine, forward_ids_argmax_on_the_device_and_wanted_rows_only)
+{
+    struct rx_boot b;
+    char *m = s_model ("tiny-llama.gguf");
+    rx_engine_t *e = s_engine (&b, NULL, m, 64, 16);
+    struct rx_err err = { 0 };
+    const int V = 32000;
+    int32_t toks[3] = { 1, 450, 7483 }, slots[3] = { 0, 1, 2 }, pos[3] = { 0, 1, 2 };
+    int32_t qs[2] = { 0, 3 }, ks[2] = { 0, 3 }, out_rows[3] = { 0, 1, 2 };
+    struct rx_model_batch bt = { .struct_size = sizeof bt, .n_tokens = 3, .tokens = toks, .pos = pos,
+                                 .n_seq = 1, .q_start = qs, .kv_start = ks, .kv_slots = slots,
+                                 .n_out = 3, .out_rows = out_rows };
+    float *all = malloc (3 * V * sizeof (float)), *some = malloc (3 * V * sizeof (float));
+    cr_assert_eq (rx_engine_forward (e, &bt, all, &err), RX_OK, "%s", err.msg);
+    for (int i = 0; i < 3 * V; i++) some[i] = -7.f;
+    const uint8_t want[3] = { 0, 1, 0 };
+    int32_t ids[3] = { -1, -1, -1 };
+    cr_assert_eq (rx_engine_forward_ids (e, &bt, some, want, ids, &err), RX_OK, "%s", err.msg);
+    for (int j = 0; j < 3; j++) {
+        cr_assert_eq (ids[j], rx_argmax (all + (size_t) j * V, V), "row %d", j);
+        for (int i = 0; i < V; i += 97)
+            cr_assert_eq (some[(size_t) j * V + i], want[j] ? all[(size_t) j * V + i] : -7.f,
+                          "row %d logit %d: %s", j, i, want[j] ? "copied" : "left alone");
+    }
+    const uint8_t none[3] = { 0, 0, 0 };
+    int32_t ids2[3];
+    cr_assert_eq (rx_engine_forward_ids (e, &bt, NULL, none, ids2, &err), RX_OK, "%s", err.msg);
+    cr_assert (!memcmp (ids, ids2, sizeof ids), "ids only, no logits buffer");
+    cr_assert_eq (rx_engine_forward_ids (e, &bt, NULL, none, NULL, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "neither logits nor ids"), "%s", err.msg);
+    cr_assert_eq (rx_engine_forward_ids (e, &bt, NULL, want, ids2, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "no logits buffer"), "%s", err.msg);
+    free (all);
+    free (some);
+    rx_engine_destroy (&e);
+    rx_boot_close (&b);
     free (m);
 }
 
