@@ -812,8 +812,24 @@ int32_t rx_engine_n_out (const struct rx_engine_req *reqs, int32_t n_req)
     return n > INT32_MAX ? INT32_MAX : (int32_t) n;
 }
 
+static int s_step (rx_engine_t *e, const struct rx_engine_req *reqs, int32_t n_req, float *logits,
+                   int32_t *ids, struct rx_err *err);
+
 int rx_engine_step (rx_engine_t *e, const struct rx_engine_req *reqs, int32_t n_req,
                     float *logits, struct rx_err *err)
+{
+    return s_step (e, reqs, n_req, logits, NULL, err);
+}
+
+int rx_engine_step_ids (rx_engine_t *e, const struct rx_engine_req *reqs, int32_t n_req,
+                        int32_t *ids, struct rx_err *err)
+{
+    if (!ids) return rx_err_set (err, RX_EINVAL, "engine: step_ids: ids is NULL");
+    return s_step (e, reqs, n_req, NULL, ids, err);
+}
+
+static int s_step (rx_engine_t *e, const struct rx_engine_req *reqs, int32_t n_req, float *logits,
+                   int32_t *ids, struct rx_err *err)
 {
     if (n_req < 1 || !reqs)
         return rx_err_set (err, RX_EINVAL, "engine: step with %d requests", n_req);
@@ -837,7 +853,8 @@ int rx_engine_step (rx_engine_t *e, const struct rx_engine_req *reqs, int32_t n_
     if (n_tok > e->max_tokens)
         return rx_err_set (err, RX_EINVAL, "engine: step of %lld tokens exceeds max_tokens %d (split it)",
                            (long long) n_tok, e->max_tokens);
-    int32_t n_out = logits ? rx_engine_n_out (reqs, n_req) : 0;
+    const int out = logits || ids;
+    int32_t n_out = out ? rx_engine_n_out (reqs, n_req) : 0;
     size_t need = 3 * (size_t) n_tok + 2 * ((size_t) n_req + 1) + (size_t) n_kv;
     if (rx_grow ((void **) &e->ih, &e->cap_ih, need, sizeof (int32_t)) < 0)
         return rx_err_set (err, RX_ENOMEM, "engine: out of memory");
@@ -854,7 +871,7 @@ int rx_engine_step (rx_engine_t *e, const struct rx_engine_req *reqs, int32_t n_
         for (int32_t j = 0; j < r->n_tokens; j++, t++) {
             tokens[t] = r->tokens[j];
             pos[t] = s->len + j;
-            if (logits && (r->all_logits || j == r->n_tokens - 1))
+            if (out && (r->all_logits || j == r->n_tokens - 1))
                 out_rows[o++] = t;
         }
     }
@@ -866,7 +883,7 @@ int rx_engine_step (rx_engine_t *e, const struct rx_engine_req *reqs, int32_t n_
         .n_seq = n_req, .q_start = q_start, .kv_start = kv_start, .kv_slots = slots,
         .n_out = n_out, .out_rows = out_rows, .logits = NULL,
     };
-    int rc = rx_engine_forward (e, &mb, logits, err);
+    int rc = ids ? rx_engine_forward_ids (e, &mb, NULL, NULL, ids, err) : rx_engine_forward (e, &mb, logits, err);
     if (rc != RX_OK) return rc;
     for (int32_t i = 0; i < n_req; i++)
         e->seqs[reqs[i].seq].len += reqs[i].n_tokens;
@@ -906,12 +923,13 @@ int rx_engine_forward_ids (rx_engine_t *e, const struct rx_model_batch *b, float
     if (!b || b->struct_size < sizeof *b)
         return rx_err_set (err, RX_EINVAL, "engine: forward: NULL or short batch");
     int32_t n_out = b->n_out;
-    int wanted = n_out > 0 && !want;
+    int wanted = n_out > 0 && !want && logits;   /* want NULL: every row, if there is a buffer */
     for (int32_t j = 0; want && j < n_out && !wanted; j++) wanted = want[j] != 0;
     if (wanted && !logits)
         return rx_err_set (err, RX_EINVAL, "engine: forward: %d output rows but no logits buffer", n_out);
     if (n_out > 0 && !wanted && !ids)
-        return rx_err_set (err, RX_EINVAL, "engine: forward: %d output rows but neither logits nor ids asked for",
+        return rx_err_set (err, RX_EINVAL, logits || want ? "engine: forward: %d output rows but neither logits nor ids asked for"
+                                                          : "engine: forward: %d output rows but no logits buffer",
                            n_out);
     if (n_out > b->n_tokens)
         return rx_err_set (err, RX_EINVAL, "engine: forward: %d output rows for %d tokens", n_out,

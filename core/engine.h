@@ -193,11 +193,16 @@ int rx_engine_forward (rx_engine_t *e, const struct rx_model_batch *b, float *lo
  * ids[0 .. n_out) (the host's rx_argmax exactly: NaN never wins, the first
  * of equal maxima does, an all-NaN row is 0), when ids is not NULL.  Only
  * the rows j with want[j] nonzero are copied into logits (want NULL: every
- * row; logits may be NULL when none is wanted): a greedy request needs its
+ * row, or none when logits is NULL too): a greedy request needs its
  * id, not n_vocab floats, which on a GPU is most of a decode step's
  * transfer. */
 int rx_engine_forward_ids (rx_engine_t *e, const struct rx_model_batch *b, float *logits,
                            const uint8_t *want, int32_t *ids, struct rx_err *err);
+/* rx_engine_step with the device argmax of each output row into ids
+ * (rx_engine_n_out rows) instead of its logits: greedy decoding
+ * (radix bench, radix generate --temp 0). */
+int rx_engine_step_ids (rx_engine_t *e, const struct rx_engine_req *reqs, int32_t n_req,
+                        int32_t *ids, struct rx_err *err);
 
 /* DP attention: this rank's step when it has no work -- one forward of
  * zero tokens, which still takes part in every layer's collectives so the

@@ -4,6 +4,7 @@
  *
  *   radix bench --model F.gguf [--threads T] [--config FILE]
  *               [--pp LIST] [--tg N] [--batch LIST] [--reps N] [--bw-mib N] [--json]
+ *               [--greedy]
  *
  * Tests (each from an empty KV cache, with pseudo-random token ids, as
  * llama-bench does):
@@ -13,6 +14,10 @@
  *         host every step (no sampling: llama-bench does not sample);
  *   tgN@bB  B sequences decoding together, N steps of B tokens (batched
  *         decode; B = 1 repeats tgN).
+ * --greedy: every step returns the device argmax of its output rows
+ * instead of copying their logits (rx_engine_step_ids), as radixd's greedy
+ * requests do; on a GPU that leaves the n_vocab floats per row on the
+ * device.
  * Each test runs once untimed (warm-up: page faults, thread wake-up), then
  * --reps times; the table shows the median with min and max, in tok/s.
  *
@@ -159,6 +164,7 @@ struct s_ctx {
     int32_t V;
     int32_t *tok;       /* scratch token ids, max(pp, batch) */
     float *logits;      /* [max batch][V] */
+    int32_t *ids;       /* [max batch]: --greedy, else NULL */
     uint64_t rng;
 };
 
@@ -173,7 +179,8 @@ static double s_run_pp (struct s_ctx *c, int n, struct rx_err *err)
     for (int off = 0; off < n && rc == RX_OK;) {
         int k = n - off < S_UBATCH ? n - off : S_UBATCH;
         struct rx_engine_req r = { seq, k, c->tok + off, 0 };
-        rc = rx_engine_step (c->e, &r, 1, off + k == n ? c->logits : NULL, err);
+        if (off + k == n && c->ids) rc = rx_engine_step_ids (c->e, &r, 1, c->ids, err);
+        else rc = rx_engine_step (c->e, &r, 1, off + k == n ? c->logits : NULL, err);
         off += k;
     }
     double dt = rx_gen_now () - t0;
@@ -200,7 +207,8 @@ static double s_run_tg (struct s_ctx *c, int steps, int batch, struct rx_err *er
         for (int s = 0; s < steps && rc == RX_OK; s++) {
             s_tokens (c->tok, batch, c->V, &c->rng);
             for (int i = 0; i < batch; i++) req[i] = (struct rx_engine_req) { seqs[i], 1, c->tok + i, 0 };
-            rc = rx_engine_step (c->e, req, batch, c->logits, err);
+            rc = c->ids ? rx_engine_step_ids (c->e, req, batch, c->ids, err)
+                        : rx_engine_step (c->e, req, batch, c->logits, err);
         }
         dt = rx_gen_now () - t0;
     }
@@ -264,7 +272,9 @@ static void s_usage (FILE *f)
              "  Also prints the weight bytes, the measured read bandwidth and the\n"
              "  roofline ratio of tg (bytes x tok/s / bandwidth), bandwidth read over a\n"
              "  --bw-mib buffer (default 1024; 0 skips it).  --pp none, --tg 0 or\n"
-             "  --batch none skip that part; --json prints one JSON object instead.\n");
+             "  --batch none skip that part; --json prints one JSON object instead.\n"
+             "  --greedy: each step returns the device argmax of its rows instead of\n"
+             "  copying their logits to the host (as greedy serving does).\n");
 }
 
 static void s_json_str (FILE *f, const char *s)
@@ -291,6 +301,7 @@ int rx_cmd_bench (int argc, char **argv)
         { "reps", required_argument, NULL, 'r' },
         { "json", no_argument, NULL, 'J' },
         { "bw-mib", required_argument, NULL, 'B' },
+        { "greedy", no_argument, NULL, 'G' },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 }
     };
@@ -298,13 +309,14 @@ int rx_cmd_bench (int argc, char **argv)
     int pp[S_MAX_LIST] = { 128, 512 }, n_pp = 2;
     int bs[S_MAX_LIST] = { 1, 4, 16 }, n_bs = 3;
     long tg = 128, reps = 3, bw_mib = 1024, lv;
-    int json = 0, c;
+    int json = 0, greedy = 0, c;
     optind = 1;
     while ((c = getopt_long (argc, argv, "m:j:c:p:n:b:r:h", opts, NULL)) != -1) {
         switch (c) {
         case 'm': model = optarg; break;
         case 'c': config = optarg; break;
         case 'J': json = 1; break;
+        case 'G': greedy = 1; break;
         case 'j': if (rx_gen_parse_int ("threads", optarg, 1, 4096, &lv)) return 2;
                   threads = optarg; break;
         case 'p': if (s_parse_list ("pp", optarg, 1, 1 << 16, pp, &n_pp)) return 2; break;
@@ -356,7 +368,8 @@ int rx_cmd_bench (int argc, char **argv)
     size_t ntok = (size_t) (max_pp > max_b ? max_pp : max_b);
     cx.tok = malloc (ntok * sizeof *cx.tok);
     cx.logits = malloc ((size_t) max_b * (size_t) cx.V * sizeof *cx.logits);
-    if (!cx.tok || !cx.logits) {
+    if (greedy) cx.ids = malloc ((size_t) max_b * sizeof *cx.ids);
+    if (!cx.tok || !cx.logits || (greedy && !cx.ids)) {
         rx_err_set (&err, RX_ENOMEM, "bench: out of memory for %lld logit rows", (long long) max_b);
         goto out;
     }
@@ -404,8 +417,9 @@ int rx_cmd_bench (int argc, char **argv)
         printf (", \"engine\": ");
         s_json_str (stdout, rx_engine_describe (cx.e));
         printf (", \"threads\": %d, \"model_bytes\": %llu, \"n_params\": %llu, \"bandwidth_gbs\": %.3f, "
-                "\"reps\": %ld, \"tests\": [",
-                nthreads, (unsigned long long) mi->weight_bytes, (unsigned long long) mi->n_params, bw, reps);
+                "\"reps\": %ld, \"greedy\": %s, \"tests\": [",
+                nthreads, (unsigned long long) mi->weight_bytes, (unsigned long long) mi->n_params, bw, reps,
+                greedy ? "true" : "false");
         for (int i = 0; i < n_res; i++) {
             struct s_result *r = &res[i];
             printf ("%s{\"test\": \"%s\", \"kind\": \"%s\", \"n\": %d, \"batch\": %d, \"tok_s\": %.3f, "
@@ -433,7 +447,8 @@ int rx_cmd_bench (int argc, char **argv)
             snprintf (mm, sizeof mm, "%.2f .. %.2f", r->min, r->max);
             printf ("| %-10s | %5d | %10.2f | %21s |\n", r->name, r->batch, r->med, mm);
         }
-        printf ("\nmedian of %ld runs after one warm-up; tok/s counts all sequences of a batch.\n", reps);
+        printf ("\nmedian of %ld runs after one warm-up; tok/s counts all sequences of a batch%s.\n", reps,
+                greedy ? "; steps return the device argmax (--greedy), not logits" : "");
         if (roof >= 0)
             printf ("tg roofline: %.1f MiB x %.2f tok/s / %.2f GB/s = %.2f of the read bandwidth\n",
                     mi->weight_bytes / 1048576.0, res[n_pp].med, bw, roof);
@@ -444,6 +459,7 @@ out:
     if (status != 0) fprintf (stderr, "radix bench: %s\n", err.msg[0] ? err.msg : "failed");
     free (cx.tok);
     free (cx.logits);
+    free (cx.ids);
     rx_engine_destroy (&cx.e);
     rx_boot_close (&b);
     return status;

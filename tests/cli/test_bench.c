@@ -118,6 +118,31 @@ static void s_bad (char *const *args, int status, const char *needle)
     tu_run_free (&r);
 }
 
+Test (bench, greedy_takes_the_device_argmax)
+{
+    char *m = s_shared ("data/models/tiny-llama.gguf");
+    struct tu_run r = s_radix ((char *[]) { "bench", "--model", m, "--threads", "1", "--pp", "8",
+                                            "--tg", "3", "--batch", "2", "--reps", "1",
+                                            "--bw-mib", "0", "--json", "--greedy", NULL });
+    cr_assert_eq (r.status, 0, "stderr: %s", r.err);
+    json_error_t je;
+    json_t *root = json_loads (r.out, 0, &je);
+    cr_assert_not_null (root, "not JSON (%s): %s", je.text, r.out);
+    cr_assert (json_is_true (json_object_get (root, "greedy")), "%s", r.out);
+    json_t *tests = json_object_get (root, "tests");
+    cr_assert_eq (json_array_size (tests), 3, "pp8, tg3, tg3@b2: %s", r.out);
+    for (size_t i = 0; i < 3; i++)
+        cr_assert_gt (json_number_value (json_object_get (json_array_get (tests, i), "tok_s")), 0);
+    json_decref (root);
+    tu_run_free (&r);
+    r = s_radix ((char *[]) { "bench", "--model", m, "--pp", "4", "--tg", "0", "--reps", "1",
+                              "--bw-mib", "0", "--greedy", NULL });
+    cr_assert_eq (r.status, 0, "stderr: %s", r.err);
+    cr_assert (strstr (r.out, "device argmax (--greedy)"), "%s", r.out);
+    tu_run_free (&r);
+    free (m);
+}
+
 Test (bench, bad_options_get_one_clear_error)
 {
     char *m = s_shared ("data/models/tiny-llama.gguf");

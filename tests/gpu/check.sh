@@ -20,8 +20,10 @@
 #                 `radix bench` batch-1 decode, prefill of 512 tokens and
 #                 batched decode at 1/16/64, against the measured
 #                 device-to-device copy bandwidth and cuBLAS BF16 GEMM rate
-#                 (tests/gpu/gpu_peak.cu), then one short run with the
-#                 per-op profiler (RADIX_KCUDA_PROFILE=1, bench-*-profile.log).
+#                 (tests/gpu/gpu_peak.cu), steps returning the device
+#                 argmax as greedy serving does (--greedy; docs/gpu.md's
+#                 first H200 table was measured copying the logits), then
+#                 one short run with the per-op profiler (RADIX_KCUDA_PROFILE=1, bench-*-profile.log).
 # Steps 3, 4 and 6 run once per kernel set: "simple" (the defaults) and
 # "fast" ([kernels.cuda] matvec = fast, attention = tiled, and for the
 # models and the bench [scheduler] cuda_graph_max_bs = 64: decode steps
@@ -212,7 +214,7 @@ for t in bf16 q8_0; do
   fi
   for k in $SETS; do
   if timeout 300 "$B/tools/radix" bench --config "$(ini $k bench)" --model "$m" --pp 512 --tg 64 \
-       --batch 1,16,64 --reps 3 --bw-mib 64 --json > "$OUT/bench-$t-$k.json" 2> "$OUT/bench-$t-$k.log"; then
+       --batch 1,16,64 --reps 3 --bw-mib 64 --greedy --json > "$OUT/bench-$t-$k.json" 2> "$OUT/bench-$t-$k.log"; then
     python3 - "$OUT/bench-$t-$k.json" "$(peak d2d_GBps)" "$(peak gemm_bf16_512_TFLOPS)" "$t $k" >> "$OUT/bench-table.txt" <<'EOF'
 import json, sys
 j = json.load(open(sys.argv[1]))
@@ -240,7 +242,7 @@ EOF
   # Where the time goes: every op timed with CUDA events (a short run; the
   # events cost a little per op, so these are not the bench's numbers).
   RADIX_KCUDA_PROFILE=1 timeout 120 "$B/tools/radix" bench --config "$(ini $k profile)" --model "$m" \
-    --pp 512 --tg 32 --batch 1 --reps 1 --bw-mib 0 > /dev/null 2> "$OUT/bench-$t-$k-profile.log"
+    --pp 512 --tg 32 --batch 1 --reps 1 --bw-mib 0 --greedy > /dev/null 2> "$OUT/bench-$t-$k-profile.log"
   row "profile $t $k" info "$(grep 'profile: ' "$OUT/bench-$t-$k-profile.log" | grep -v 'profile: total' |
       head -4 | sed 's/.*profile: *//' | awk '{printf "%s%s %s ms %s", NR > 1 ? "; " : "", $1, $4, $NF}')"
   done
