@@ -105,6 +105,35 @@ static __global__ void k_get_rows (const uint8_t *w, size_t row_bytes, size_t ne
     }
 }
 
+/* Warp sums of sum[0..n) to y[r][o] (lane 0 writes). */
+static __device__ __forceinline__ void s_mv_store (const float *sum, int n, int lane, float *y,
+                                                   size_t ldy, int o, int acc)
+{
+#pragma unroll
+    for (int r = 0; r < RX_CU_MV_MAX_ROWS; r++) {
+        if (r >= n) break;
+        const float s = s_warp_sum (sum[r]);
+        if (lane == 0) {
+            float *yo = y + (size_t) r * ldy + o;
+            *yo = acc ? *yo + s : s;
+        }
+    }
+}
+
+/* dot (w[0..4k), x[0..4k)), x 16-byte aligned. */
+template <int K4>
+static __device__ __forceinline__ float s_dot4 (const float *w, const float *x)
+{
+    const float4 *xv = (const float4 *) x;
+    float s = 0.f;
+#pragma unroll
+    for (int j = 0; j < K4; j++) {
+        const float4 q = xv[j];
+        s += w[4 * j] * q.x + w[4 * j + 1] * q.y + w[4 * j + 2] * q.z + w[4 * j + 3] * q.w;
+    }
+    return s;
+}
+
 /* One warp per output row; lane l decodes 32-element chunks l, l+32, ...
  * of the weight row once and dots each with up to RX_CU_MV_MAX_ROWS
  * activation rows (the weight is the bandwidth; activations hit L1/L2). */
@@ -126,30 +155,17 @@ static __global__ void k_matvec (const uint8_t *w, size_t row_bytes, int in, int
 #pragma unroll
         for (int r = 0; r < RX_CU_MV_MAX_ROWS; r++) {
             if (r >= n) break;
-            const float4 *xr = (const float4 *) (x + (size_t) r * ldx + (size_t) c * 32);
+            const float *xs = x + (size_t) r * ldx + (size_t) c * 32;
             float s = 0.f;
-            if ((((uintptr_t) xr) & 15) == 0) {
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    const float4 q = xr[j];
-                    s += v[4 * j] * q.x + v[4 * j + 1] * q.y + v[4 * j + 2] * q.z + v[4 * j + 3] * q.w;
-                }
+            if ((((uintptr_t) xs) & 15) == 0) {
+                s = s_dot4<8> (v, xs);
             } else {
-                const float *xs = x + (size_t) r * ldx + (size_t) c * 32;
                 for (int j = 0; j < 32; j++) s += v[j] * xs[j];
             }
             sum[r] += s;
         }
     }
-#pragma unroll
-    for (int r = 0; r < RX_CU_MV_MAX_ROWS; r++) {
-        if (r >= n) break;
-        const float s = s_warp_sum (sum[r]);
-        if (lane == 0) {
-            float *yo = y + (size_t) r * ldy + o;
-            *yo = acc ? *yo + s : s;
-        }
-    }
+    s_mv_store (sum, n, lane, y, ldy, o, acc);
 }
 
 /* ---- the fast matvec kernels (plan.h RX_CUMV_VEC / RX_CUMV_STAGE) ----
@@ -178,35 +194,6 @@ static __device__ __forceinline__ void s_unpack16 (const uint4 u, float *v)
             v[2 * i + 1] = __half2float (__ushort_as_half ((unsigned short) (w[i] >> 16)));
         }
     }
-}
-
-/* Warp sums of sum[0..n) to y[r][o] (lane 0 writes). */
-static __device__ __forceinline__ void s_mv_store (const float *sum, int n, int lane, float *y,
-                                                   size_t ldy, int o, int acc)
-{
-#pragma unroll
-    for (int r = 0; r < RX_CU_MV_MAX_ROWS; r++) {
-        if (r >= n) break;
-        const float s = s_warp_sum (sum[r]);
-        if (lane == 0) {
-            float *yo = y + (size_t) r * ldy + o;
-            *yo = acc ? *yo + s : s;
-        }
-    }
-}
-
-/* acc += dot (w[0..4k), x[0..4k)), x 16-byte aligned. */
-template <int K4>
-static __device__ __forceinline__ float s_dot4 (const float *w, const float *x)
-{
-    const float4 *xv = (const float4 *) x;
-    float s = 0.f;
-#pragma unroll
-    for (int j = 0; j < K4; j++) {
-        const float4 q = xv[j];
-        s += w[4 * j] * q.x + w[4 * j + 1] * q.y + w[4 * j + 2] * q.z + w[4 * j + 3] * q.w;
-    }
-    return s;
 }
 
 /* F32/F16/BF16 weights: one warp per output row; lane l reads the row's
