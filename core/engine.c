@@ -34,6 +34,7 @@ struct rx_engine {
     rx_plugin_t *model_p, *kern_p, *attn_p;
     rx_plugin_t *moe_p;           /* [moe] dispatcher; NULL when none could be loaded */
     const struct rx_kernels_ops *K;
+    struct rx_kernels_ops K_1_0;  /* [kernels] ops_abi = 1.0: K as an ABI 1.0 backend's */
     void *be;
     const struct rx_model_ops *M;
     void *model;
@@ -525,6 +526,15 @@ rx_engine_t *rx_engine_new (struct rx_boot *b, const struct rx_engine_opts *o, s
         goto fail;
     if ((rc = s_check_kernel_ops (e->kern_p, err)) != RX_OK) goto fail;
     e->K = rx_plugin_ops (e->kern_p);
+    if (strcmp (rx_conf_str (b->conf, "kernels", "ops_abi", "current"), "1.0") == 0) {
+        /* Test mode: everything above the engine sees the backend as one
+         * built against ABI 1.0 (no appended op), so the fallbacks the
+         * models keep for such backends run here too. */
+        memset (&e->K_1_0, 0, sizeof e->K_1_0);
+        memcpy (&e->K_1_0, e->K, RX_KERNELS_OPS_SIZE_1_0);
+        e->K_1_0.struct_size = (uint32_t) RX_KERNELS_OPS_SIZE_1_0;
+        e->K = &e->K_1_0;
+    }
     const char *an = rx_conf_str (b->conf, "attention", "backend", "auto");
     if (strcmp (an, "auto") == 0) {
         an = e->M->default_attention ? e->M->default_attention (e->arch) : NULL;

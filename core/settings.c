@@ -25,6 +25,10 @@ static const struct rx_cfg_key s_kernels[] = {
     { "device", RX_CFG_STRING, "auto",
       "device index (GPU ordinal) of every scheduler rank, or auto: the rank's index on this "
       "host (dp_rank * tp_size + tp_rank) modulo the device count", 0, 0, NULL },
+    { "ops_abi", RX_CFG_ENUM, "current",
+      "test only: 1.0 hands the model and its plugins the backend's ops as an ABI 1.0 backend "
+      "would have them (appended ops hidden), to run the fallbacks kept for such backends",
+      0, 0, "current|1.0" },
     { NULL, 0, NULL, NULL, 0, 0, NULL }
 };
 

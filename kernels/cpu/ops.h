@@ -31,6 +31,12 @@ void rx_kcpu_argmax (struct rx_kcpu *k, const float *x, size_t ldx, size_t rows,
                      int32_t *out);
 void rx_kcpu_topk (struct rx_kcpu *k, const float *x, size_t ldx, size_t rows, size_t dim,
                    size_t kk, float *vals, int32_t *idx);
+/* Experts moe_route handles per row (its scratch lives on the stack). */
+#define RX_KCPU_MOE_MAX_EXPERT 1024
+/* radix/kernel.h moe_route (arguments checked by the caller). */
+void rx_kcpu_moe_route (struct rx_kcpu *k, const float *probs, const float *sel, size_t ld,
+                        size_t rows, size_t n_expert, size_t n_group, size_t topk_group,
+                        size_t kk, int norm, float scale, int32_t *ids, float *w);
 
 /* YaRN correction range (GGML's ggml_rope_yarn_corr_dims). */
 void rx_kcpu_rope_corr_dims (int n_dims, int n_ctx_orig, float freq_base, float beta_fast,

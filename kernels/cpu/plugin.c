@@ -840,6 +840,34 @@ static int s_topk (void *be, rx_kstream_t *s, const float *x, size_t ldx, size_t
     return RX_OK;
 }
 
+static int s_moe_route (void *be, rx_kstream_t *s, const float *probs, const float *sel, size_t ld,
+                        size_t rows, size_t n_expert, size_t n_group, size_t topk_group, size_t kk,
+                        int norm, float scale, int32_t *ids, float *w, struct rx_err *err)
+{
+    S_BEGIN ("moe_route");
+    S_NEED (n_expert >= 1 && n_expert <= RX_KCPU_MOE_MAX_EXPERT,
+            "kernels-cpu moe_route: n_expert %zu (1..%d)", n_expert, RX_KCPU_MOE_MAX_EXPERT);
+    S_NEED (kk >= 1 && kk <= n_expert, "kernels-cpu moe_route: k = %zu outside 1..%zu", kk, n_expert);
+    if (n_group > 1) {
+        S_NEED (n_expert % n_group == 0, "kernels-cpu moe_route: %zu experts do not split into %zu groups",
+                n_expert, n_group);
+        S_NEED (topk_group >= 1 && topk_group <= n_group,
+                "kernels-cpu moe_route: topk_group %zu outside 1..%zu", topk_group, n_group);
+        S_NEED (topk_group * (n_expert / n_group) >= kk,
+                "kernels-cpu moe_route: %zu groups of %zu experts hold fewer than k = %zu", topk_group,
+                n_expert / n_group, kk);
+    }
+    S_VIEW (probs, ld, rows, n_expert, 0);
+    S_VIEW (sel, ld, rows, n_expert, 0);
+    S_NEED (rows == 0 || (ids && w), "kernels-cpu moe_route: ids or w is NULL");
+    S_DEV (ids);
+    S_DEV (w);
+    if (rows == 0) return RX_OK;
+    rx_kcpu_moe_route (k, probs, sel, rows > 1 ? ld : n_expert, rows, n_expert, n_group, topk_group, kk,
+                       norm, scale, ids, w);
+    return RX_OK;
+}
+
 static int s_pool_check (const struct rx_kv_pool *pool, const char *s_op, struct rx_err *err)
 {
     S_NEED (pool, "kernels-cpu %s: pool is NULL", s_op);
@@ -983,6 +1011,9 @@ S_GUARDED (argmax, (void *be, rx_kstream_t *s, const float *x, size_t ldx, size_
 S_GUARDED (topk, (void *be, rx_kstream_t *s, const float *x, size_t ldx, size_t rows, size_t dim, size_t kk, float *vals, int32_t *idx, struct rx_err *err),
            (be, s, x, ldx, rows, dim, kk, vals, idx, err))
 
+S_GUARDED (moe_route, (void *be, rx_kstream_t *s, const float *probs, const float *sel, size_t ld, size_t rows, size_t n_expert, size_t n_group, size_t topk_group, size_t kk, int norm, float scale, int32_t *ids, float *w, struct rx_err *err),
+           (be, s, probs, sel, ld, rows, n_expert, n_group, topk_group, kk, norm, scale, ids, w, err))
+
 S_GUARDED (kv_store, (void *be, rx_kstream_t *s, const struct rx_kv_pool *pool, const float *kx, size_t ldk, const float *vx, size_t ldv, const int32_t *slots, size_t n_tok, struct rx_err *err),
            (be, s, pool, kx, ldk, vx, ldv, slots, n_tok, err))
 
@@ -1056,6 +1087,11 @@ S_CAPTURED (argmax, (void *be, rx_kstream_t *s, const float *x, size_t ldx, size
 S_CAPTURED (topk, (void *be, rx_kstream_t *s, const float *x, size_t ldx, size_t rows, size_t dim, size_t kk, float *vals, int32_t *idx, struct rx_err *err),
             (const float *x; size_t ldx, rows, dim, kk; float *vals; int32_t *idx;),
             (x, ldx, rows, dim, kk, vals, idx), (a->x, a->ldx, a->rows, a->dim, a->kk, a->vals, a->idx))
+
+S_CAPTURED (moe_route, (void *be, rx_kstream_t *s, const float *probs, const float *sel, size_t ld, size_t rows, size_t n_expert, size_t n_group, size_t topk_group, size_t kk, int norm, float scale, int32_t *ids, float *w, struct rx_err *err),
+            (const float *probs; const float *sel; size_t ld, rows, n_expert, n_group, topk_group, kk; int norm; float scale; int32_t *ids; float *w;),
+            (probs, sel, ld, rows, n_expert, n_group, topk_group, kk, norm, scale, ids, w),
+            (a->probs, a->sel, a->ld, a->rows, a->n_expert, a->n_group, a->topk_group, a->kk, a->norm, a->scale, a->ids, a->w))
 
 /* The ops whose parameter structs are copied into the record. */
 struct r_rope {
@@ -1192,6 +1228,7 @@ static const struct rx_kernels_ops s_ops = {
     .topk = x_topk,
     .kv_store = x_kv_store,
     .attention = x_attention,
+    .moe_route = x_moe_route,
 };
 
 RX_PLUGIN_DEFINE (.kind = RX_KIND_KERNELS, .name = "cpu", .version = S_VERSION,

@@ -994,6 +994,24 @@ static int s_moe_route (struct ds_model *m, const struct ds_layer *Y, size_t r0,
         sel = m->sel + r0 * NX;
     }
     const int groups = m->n_group > 1;
+    const int32_t ml = (int32_t) (Y - m->layers) - m->n_dense;
+    if (RX_HAS (struct rx_kernels_ops, K, moe_route)) {
+        /* The choice and its weights on the device; the host sees the ids
+         * only to count them (expert recording) or map them to slots
+         * (placement). */
+        DS_TRY (K->moe_route (be, st, probs, sel, NX, n, NX, groups ? (size_t) m->n_group : 1,
+                              groups ? (size_t) m->n_group_used : 1, KK, m->w_norm, m->w_scale, dk, wts,
+                              err));
+        if (!m->place.count && !m->place.pl) return RX_OK;
+        DS_TRY (K->copy_d2h (be, st, hk, dk, n * KK * sizeof (int32_t), err));
+        DS_TRY (K->synchronize (be, st, err));
+        rx_moe_place_count (&m->place, ml, hk, n, KK);
+        if (m->place.pl) {
+            rx_moe_place_map (&m->place, ml, hk, n, KK, m->rank + (int32_t) r0);
+            DS_TRY (K->copy_h2d (be, st, dk, hk, n * KK * sizeof (int32_t), err));
+        }
+        return RX_OK;
+    }
     DS_TRY (K->copy_d2h (be, st, hp, probs, n * NX * sizeof (float), err));
     float *sel_h = NULL;
     if (groups) {
@@ -1018,7 +1036,6 @@ static int s_moe_route (struct ds_model *m, const struct ds_layer *Y, size_t r0,
     }
     DS_TRY (K->copy_h2d (be, st, wts, hw, n * KK * sizeof (float), err));
     /* EPLB: count the logical choices, map them to physical slots. */
-    const int32_t ml = (int32_t) (Y - m->layers) - m->n_dense;
     rx_moe_place_count (&m->place, ml, hk, n, KK);
     if (m->place.pl) {
         rx_moe_place_map (&m->place, ml, hk, n, KK, m->rank + (int32_t) r0);

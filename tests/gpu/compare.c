@@ -272,6 +272,39 @@ static void s_select_case (size_t rows, size_t dim, size_t k)
     free (x); free (ic); free (ig); free (ac); free (ag); free (vc); free (vg);
 }
 
+/* MoE routing (radix/kernel.h moe_route, an appended op): DeepSeek's
+ * group-limited choice and normalized weights; ties in row 0.  Skipped
+ * while the compared backend lacks the op. */
+static void s_route_case (size_t rows, size_t nx, size_t g, size_t tg, size_t k)
+{
+    if (!RX_HAS (struct rx_kernels_ops, G.K, moe_route) || !RX_HAS (struct rx_kernels_ops, C.K, moe_route)) {
+        printf ("SKIP  moe_route: backend %s lacks the op\n", G.name);
+        return;
+    }
+    float *p = s_rand (rows * nx, 1.f), *sel = s_rand (rows * nx, 1.f);
+    for (size_t i = 0; i < rows * nx; i++) p[i] = fabsf (p[i]) + 0.01f;
+    for (size_t e = 0; e < nx; e++) sel[e] = 0.5f;
+    int32_t *ids[2] = { malloc (rows * k * 4), malloc (rows * k * 4) };
+    float *w[2] = { malloc (rows * k * 4), malloc (rows * k * 4) };
+    struct be *bs[2] = { &C, &G };
+    for (int i = 0; i < 2; i++) {
+        struct be *b = bs[i];
+        float *dp = s_up (b, p, rows * nx * 4), *ds = s_up (b, sel, rows * nx * 4), *dw = NULL;
+        int32_t *di = NULL;
+        TRY (b, b->K->alloc (b->be, rows * k * 4, 0, (void **) &dw, err));
+        TRY (b, b->K->alloc (b->be, rows * k * 4, 0, (void **) &di, err));
+        TRY (b, b->K->moe_route (b->be, NULL, dp, ds, nx, rows, nx, g, tg, k, 1, 2.5f, di, dw, err));
+        s_down (b, ids[i], di, rows * k * 4);
+        s_down (b, w[i], dw, rows * k * 4);
+        b->K->free_ (b->be, dp); b->K->free_ (b->be, ds); b->K->free_ (b->be, dw); b->K->free_ (b->be, di);
+    }
+    char what[96];
+    snprintf (what, sizeof what, "moe_route rows %zu experts %zu groups %zu/%zu k %zu", rows, nx, tg, g, k);
+    s_check_i (what, ids[1], ids[0], rows * k);
+    s_check (what, w[1], w[0], rows * k, 0);
+    free (p); free (sel); free (ids[0]); free (ids[1]); free (w[0]); free (w[1]);
+}
+
 /* ------------------------------------------------------------ attention -- */
 
 static void s_attn_case (const char *label, int dtype, int n_kv, int hd_k, int hd_v, int n_head,
@@ -440,6 +473,8 @@ int main (int argc, char **argv)
     s_select_case (4, 32000, 1);
     s_select_case (7, 64, 8);
     s_select_case (3, 300, 40);
+    s_route_case (37, 256, 8, 4, 8);      /* DeepSeek-V3's shape */
+    s_route_case (5, 64, 1, 1, 6);
     s_attn_case ("gqa", RX_F32, 2, 64, 64, 8, 0, 0.f);
     s_attn_case ("gqa", RX_F16, 2, 64, 64, 8, 0, 0.f);
     s_attn_case ("window+softcap", RX_F32, 2, 128, 128, 4, 9, 30.f);

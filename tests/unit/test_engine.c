@@ -623,6 +623,47 @@ Test (engine, forward_ids_argmax_on_the_device_and_wanted_rows_only)
     free (m);
 }
 
+/* model-deepseek2 routes with the backend's moe_route op; on an ABI 1.0
+ * view of the same backend ([kernels] ops_abi = 1.0: no appended ops) it
+ * routes on the host as before.  The two give the same logits, bit for
+ * bit, through a prefill and decode steps. */
+Test (engine, deepseek2_device_routing_equals_the_host_fallback)
+{
+    char *m = s_model ("tiny-deepseek2.gguf");
+    struct rx_boot b[2];
+    rx_engine_t *e[2] = { s_engine (&b[0], NULL, m, 64, 16),
+                          s_engine (&b[1], "[kernels]\nops_abi = 1.0\n", m, 64, 16) };
+    const struct rx_kernels_ops *K[2];
+    void *be;
+    for (int i = 0; i < 2; i++) rx_engine_kernels (e[i], &K[i], &be);
+    cr_assert (RX_HAS (struct rx_kernels_ops, K[0], moe_route), "kernels-cpu has moe_route");
+    cr_assert (!RX_HAS (struct rx_kernels_ops, K[1], moe_route), "hidden by ops_abi = 1.0");
+    struct rx_err err = { 0 };
+    const int V = rx_engine_info (e[0])->n_vocab;
+    float *lg[2] = { malloc ((size_t) 4 * V * sizeof (float)), malloc ((size_t) 4 * V * sizeof (float)) };
+    int32_t toks[6] = { 1, 17, 300, 42, 7, 99 };
+    int seq[2];
+    for (int i = 0; i < 2; i++) {
+        seq[i] = rx_engine_seq_new (e[i], 16, &err);
+        struct rx_engine_req r = { seq[i], 4, toks, 1 };
+        cr_assert_eq (rx_engine_step (e[i], &r, 1, lg[i], &err), RX_OK, "%s", err.msg);
+    }
+    cr_assert (!memcmp (lg[0], lg[1], (size_t) 4 * V * sizeof (float)), "prefill logits");
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < 2; i++) {
+            struct rx_engine_req r = { seq[i], 1, &toks[4 + k], 0 };
+            cr_assert_eq (rx_engine_step (e[i], &r, 1, lg[i], &err), RX_OK, "%s", err.msg);
+        }
+        cr_assert (!memcmp (lg[0], lg[1], (size_t) V * sizeof (float)), "decode step %d", k);
+    }
+    for (int i = 0; i < 2; i++) {
+        free (lg[i]);
+        rx_engine_destroy (&e[i]);
+        rx_boot_close (&b[i]);
+    }
+    free (m);
+}
+
 /* A raw batch over chosen slots; the model plugin checks it. */
 static void s_raw_fails (rx_engine_t *e, struct rx_model_batch *bt, float *l, const char *want)
 {

@@ -1139,6 +1139,86 @@ Test (kcpu, rms_norm_swiglu_elementwise_softmax)
     }
 }
 
+/* moe_route against a reference written from its definition (rank
+ * counting, not the scans the op uses): group scores = sum of the two best,
+ * the kept groups, the k best of them in order, weights normalized in
+ * double and scaled; ties; the bad-argument messages. */
+Test (kcpu, moe_route_groups_ties_weights)
+{
+    void *be = s_create ("auto", 2);
+    struct rx_err err = { 0 };
+    const size_t rows = 19, nx = 64, ld = 67;
+    float *probs = s_randv (rows * ld, 1.f), *sel = s_randv (rows * ld, 1.f);
+    for (size_t i = 0; i < rows * ld; i++) probs[i] = fabsf (probs[i]) + 0.01f;
+    /* row 0: every sel equal (ties everywhere); row 1: two groups tie */
+    for (size_t e = 0; e < nx; e++) sel[e] = 0.5f;
+    for (size_t e = 0; e < nx; e++) sel[ld + e] = e / 8 == 2 || e / 8 == 5 ? 1.f : 0.f;
+    const struct { size_t g, tg, k; int norm; float scale; } cfgs[] = {
+        { 8, 3, 6, 1, 2.5f }, { 8, 1, 4, 0, 1.f }, { 1, 1, 8, 1, 1.f }, { 64, 8, 8, 1, 1.f },
+        { 4, 4, 64, 0, 0.5f },
+    };
+    int32_t *ids = malloc (rows * nx * sizeof *ids);
+    float *w = malloc (rows * nx * sizeof *w);
+    for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++) {
+        const size_t G = cfgs[ci].g, TG = cfgs[ci].tg, KK = cfgs[ci].k, per = nx / G;
+        cr_assert_eq (K->moe_route (be, NULL, probs, sel, ld, rows, nx, G, TG, KK, cfgs[ci].norm,
+                                    cfgs[ci].scale, ids, w, &err), RX_OK, "%s", err.msg);
+        for (size_t r = 0; r < rows; r++) {
+            const float *sr = sel + r * ld;
+            /* group g is kept iff fewer than TG groups come before it */
+            float gs[64];
+            for (size_t g = 0; g < G; g++) {
+                float a = -INFINITY, b = -INFINITY;
+                for (size_t e = g * per; e < (g + 1) * per; e++) {
+                    if (sr[e] > a) { b = a; a = sr[e]; } else if (sr[e] > b) b = sr[e];
+                }
+                gs[g] = per > 1 ? a + b : a;
+            }
+            int kept[64];
+            for (size_t g = 0; g < G; g++) {
+                size_t before = 0;
+                for (size_t h = 0; h < G; h++) before += gs[h] > gs[g] || (gs[h] == gs[g] && h < g);
+                kept[g] = G == 1 || before < TG;
+            }
+            double sum = 0;
+            for (size_t j = 0; j < KK; j++) sum += probs[r * ld + (size_t) ids[r * KK + j]];
+            for (size_t j = 0; j < KK; j++) {
+                const int32_t e = ids[r * KK + j];
+                cr_assert (e >= 0 && (size_t) e < nx && kept[e / per], "cfg %zu row %zu: %d", ci, r, e);
+                size_t before = 0;   /* kept experts that rank above e */
+                for (size_t q = 0; q < nx; q++)
+                    before += kept[q / per] && (sr[q] > sr[e] || (sr[q] == sr[e] && q < (size_t) e));
+                cr_assert_eq (before, j, "cfg %zu row %zu: choice %zu is expert %d", ci, r, j, e);
+                float want = probs[r * ld + (size_t) e];
+                if (cfgs[ci].norm) want = (float) (want / sum);
+                want *= cfgs[ci].scale;
+                cr_assert_eq (w[r * KK + j], want, "cfg %zu row %zu weight %zu", ci, r, j);
+            }
+        }
+        if (ci == 0) {
+            for (size_t j = 0; j < KK; j++) cr_assert_eq (ids[j], (int32_t) j, "all equal: the lowest first");
+            for (size_t j = 0; j < KK; j++) cr_assert (ids[KK + j] / 8 == 2 || ids[KK + j] / 8 == 5);
+        }
+    }
+    const struct { size_t nx, g, tg, k; const char *want; } bad[] = {
+        { 64, 8, 3, 0, "k = 0" }, { 64, 8, 3, 65, "k = 65" }, { 60, 8, 3, 2, "do not split" },
+        { 64, 8, 9, 2, "topk_group 9" }, { 64, 8, 1, 9, "fewer than k" }, { 2048, 1, 1, 2, "n_expert 2048" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cr_assert_eq (K->moe_route (be, NULL, probs, sel, ld, 1, bad[i].nx, bad[i].g, bad[i].tg, bad[i].k, 1,
+                                    1.f, ids, w, &err), RX_EINVAL, "case %zu", i);
+        cr_assert (strstr (err.msg, bad[i].want), "case %zu: %s", i, err.msg);
+    }
+    cr_assert_eq (K->moe_route (be, NULL, probs, sel, 10, 2, nx, 8, 3, 2, 1, 1.f, ids, w, &err), RX_EINVAL,
+                  "ld below n_expert");
+    cr_assert_eq (K->moe_route (be, NULL, probs, sel, ld, 2, nx, 8, 3, 2, 1, 1.f, NULL, w, &err), RX_EINVAL);
+    free (ids);
+    free (w);
+    free (probs);
+    free (sel);
+    K->destroy (be);
+}
+
 Test (kcpu, argmax_topk)
 {
     void *be = s_create ("auto", 2);

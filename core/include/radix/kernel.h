@@ -330,6 +330,24 @@ struct rx_kernels_ops {
 
     /* ---- ABI 1.0 ends here.  Append only below (optional members; check
      * with RX_HAS (struct rx_kernels_ops, ops, member)). ---- */
+
+    /* (optional) mixture-of-experts routing of rows x n_expert scores, as
+     * DeepSeek-V2/V3 route (model-deepseek2): sel (the selection scores --
+     * probs plus a routing bias, or probs itself) chooses, probs weighs.
+     * n_group > 1: the experts form n_group groups of n_expert / n_group; a
+     * group scores the sum of its two best sel (its best alone when it has
+     * one expert), the topk_group best groups are kept (the lower index on
+     * ties), and the k best experts of the kept groups are chosen; n_group
+     * <= 1: the k best of all.  The k best are in descending sel, the lower
+     * index first on ties.  ids[r*k + j] = the j-th choice of row r,
+     * w[r*k + j] = probs[r][that expert], divided by the k weights' sum
+     * (summed in double) when norm, then times scale.  Rows of probs and
+     * sel are ld floats apart.  All five arrays are device memory: a model
+     * that needs no host copy of the choice (no expert recording, no
+     * placement) routes without a synchronize. */
+    int  (*moe_route) (void *be, rx_kstream_t *s, const float *probs, const float *sel, size_t ld,
+                       size_t rows, size_t n_expert, size_t n_group, size_t topk_group, size_t k,
+                       int norm, float scale, int32_t *ids, float *w, struct rx_err *err);
 };
 
 #define RX_KERNELS_OPS_SIZE_1_0 \
