@@ -2,6 +2,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "moe_route.h"
 #include "quant.h"
 #include "ops.h"
 
@@ -354,54 +355,16 @@ struct s_route {
     float *w;
 };
 
-/* One row, as model-deepseek2's host routing did it (same comparisons and
- * roundings, so the results are bit for bit its). */
-static void s_route_row (const struct s_route *c, size_t r, uint8_t *keep, float *gs, uint8_t *taken)
-{
-    const float *sel = c->sel + r * c->ld, *p = c->probs + r * c->ld;
-    int32_t *ids = c->ids + r * c->k;
-    float *w = c->w + r * c->k;
-    const size_t G = c->g > 1 ? c->g : 1, per = c->nx / G;
-    for (size_t g = 0; g < G; g++) {
-        float b1 = -INFINITY, b2 = -INFINITY;
-        for (size_t e = g * per; e < (g + 1) * per; e++) {
-            if (sel[e] > b1) { b2 = b1; b1 = sel[e]; }
-            else if (sel[e] > b2) b2 = sel[e];
-        }
-        gs[g] = per > 1 ? b1 + b2 : b1;
-        keep[g] = G == 1;
-    }
-    for (size_t j = 0; G > 1 && j < c->tg; j++) {
-        size_t best = G;
-        for (size_t g = 0; g < G; g++)
-            if (!keep[g] && (best == G || gs[g] > gs[best])) best = g;
-        keep[best] = 1;
-    }
-    memset (taken, 0, c->nx);
-    for (size_t j = 0; j < c->k; j++) {
-        size_t best = c->nx;
-        for (size_t e = 0; e < c->nx; e++)
-            if (keep[e / per] && !taken[e] && (best == c->nx || sel[e] > sel[best])) best = e;
-        taken[best] = 1;
-        ids[j] = (int32_t) best;
-    }
-    double sum = 0;
-    for (size_t j = 0; j < c->k; j++) {
-        w[j] = p[ids[j]];
-        sum += w[j];
-    }
-    for (size_t j = 0; j < c->k; j++) {
-        if (c->norm) w[j] = (float) (w[j] / sum);
-        w[j] *= c->scale;
-    }
-}
-
 static void s_route_fn (void *ctx, size_t r0, size_t r1)
 {
     const struct s_route *c = ctx;
     uint8_t keep[RX_KCPU_MOE_MAX_EXPERT], taken[RX_KCPU_MOE_MAX_EXPERT];
     float gs[RX_KCPU_MOE_MAX_EXPERT];
-    for (size_t r = r0; r < r1; r++) s_route_row (c, r, keep, gs, taken);
+    for (size_t r = r0; r < r1; r++) {
+        int32_t *ids = c->ids + r * c->k;
+        rx_moe_route_choose (c->sel + r * c->ld, c->nx, c->g, c->tg, c->k, ids, keep, gs, taken);
+        rx_moe_route_weights (c->probs + r * c->ld, ids, c->k, c->norm, c->scale, c->w + r * c->k);
+    }
 }
 
 void rx_kcpu_moe_route (struct rx_kcpu *k, const float *probs, const float *sel, size_t ld,

@@ -818,6 +818,25 @@ static __global__ void k_attention (const float *q, size_t ldq, const void *kpoo
     (void) lane;
 }
 
+/* RX_CU_ATTN_KT rows of K or V into shared memory (dst, rows ld floats
+ * apart): position j's hd values of the head at off in its slot's row of
+ * row floats; positions past nt and slots outside the pool are zero.  The
+ * block's threads walk the tile along the head dim (coalesced). */
+static __device__ __forceinline__ void s_kv_tile (float *dst, int ld, const void *pool, int f16,
+                                                  size_t row, size_t off, int hd, const int32_t *sl,
+                                                  int nt, uint64_t n_slots)
+{
+    for (int i = threadIdx.x; i < RX_CU_ATTN_KT * hd; i += blockDim.x) {
+        const int kk = i / hd, d = i % hd;
+        float v = 0.f;
+        if (kk < nt) {
+            const int32_t s = sl[kk];
+            if (s >= 0 && (uint64_t) s < n_slots) v = s_kv (pool, f16, (size_t) s * row + off + d);
+        }
+        dst[kk * ld + d] = v;
+    }
+}
+
 /* The tiled kernel (plan.h rx_cuplan_attn_tiled): a block per
  * (RX_CU_ATTN_QT consecutive rows of the batch, head).  The rows of a tile
  * may belong to several sequences (the last rows of one, the first of the
@@ -885,26 +904,8 @@ k_attn_tiled (const float *q, size_t ldq, const void *kpool, const void *vpool, 
         const int32_t *sl = slots + kv_start[sq];
         for (int j0 = jlo; j0 <= jhi; j0 += KT) {
             const int nt = jhi - j0 + 1 < KT ? jhi - j0 + 1 : KT;
-            for (int i = tid; i < KT * hd_k; i += blockDim.x) {
-                const int kk = i / hd_k, d = i % hd_k;
-                float v = 0.f;
-                if (kk < nt) {
-                    const int32_t sl_ = sl[j0 + kk];
-                    if (sl_ >= 0 && (uint64_t) sl_ < n_slots)
-                        v = s_kv (kpool, f16, (size_t) sl_ * krow + (size_t) kvh * hd_k + d);
-                }
-                Ks[kk * ldk + d] = v;
-            }
-            for (int i = tid; i < KT * hd_v; i += blockDim.x) {
-                const int kk = i / hd_v, d = i % hd_v;
-                float v = 0.f;
-                if (kk < nt) {
-                    const int32_t sl_ = sl[j0 + kk];
-                    if (sl_ >= 0 && (uint64_t) sl_ < n_slots)
-                        v = s_kv (vpool, f16, (size_t) sl_ * vrow + (size_t) kvh * hd_v + d);
-                }
-                Vs[kk * ldv + d] = v;
-            }
+            s_kv_tile (Ks, ldk, kpool, f16, krow, (size_t) kvh * hd_k, hd_k, sl + j0, nt, n_slots);
+            s_kv_tile (Vs, ldv, vpool, f16, vrow, (size_t) kvh * hd_v, hd_v, sl + j0, nt, n_slots);
             __syncthreads ();
             float sc[NJ];
 #pragma unroll

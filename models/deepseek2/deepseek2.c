@@ -101,6 +101,8 @@
 #include <radix/moe.h>
 #include <radix/plugin.h>
 
+#include "moe_route.h"
+
 #include "../batch.h"
 #include "../dp_ffn.h"
 #include "../moe_place.h"
@@ -921,48 +923,13 @@ static void s_route_host (const struct ds_model *m, size_t r0, size_t n, const f
         const float *s = m->h_probs + t * NX;
         int32_t *ids = m->h_topk + t * K;
         if (choose) {
-            /* Group-limited: keep the n_group_used groups with the largest
-             * sum of their two best selection scores, then the top K of the
-             * experts in them (lower index first on ties). */
-            const float *sel = sel_h + (t - r0) * NX;
-            const size_t G = (size_t) m->n_group, per = NX / G;
-            uint8_t keep[DS_MAX_EXPERT];
+            /* Group-limited (core/moe_route.h, as kernels-cpu's moe_route). */
+            uint8_t keep[DS_MAX_EXPERT], taken[DS_MAX_EXPERT];
             float gs[DS_MAX_EXPERT];
-            for (size_t g = 0; g < G; g++) {
-                float b1 = -INFINITY, b2 = -INFINITY;
-                for (size_t e = g * per; e < (g + 1) * per; e++) {
-                    if (sel[e] > b1) { b2 = b1; b1 = sel[e]; }
-                    else if (sel[e] > b2) b2 = sel[e];
-                }
-                gs[g] = per > 1 ? b1 + b2 : b1;
-                keep[g] = 0;
-            }
-            for (int32_t k = 0; k < m->n_group_used; k++) {
-                size_t best = G;
-                for (size_t g = 0; g < G; g++)
-                    if (!keep[g] && (best == G || gs[g] > gs[best])) best = g;
-                keep[best] = 1;
-            }
-            uint8_t taken[DS_MAX_EXPERT];
-            memset (taken, 0, NX);
-            for (size_t k = 0; k < K; k++) {
-                size_t best = NX;
-                for (size_t e = 0; e < NX; e++)
-                    if (keep[e / per] && !taken[e] && (best == NX || sel[e] > sel[best])) best = e;
-                taken[best] = 1;
-                ids[k] = (int32_t) best;
-            }
+            rx_moe_route_choose (sel_h + (t - r0) * NX, NX, (size_t) m->n_group, (size_t) m->n_group_used,
+                                 K, ids, keep, gs, taken);
         }
-        float *w = m->h_wts + t * K;
-        double sum = 0;
-        for (size_t k = 0; k < K; k++) {
-            w[k] = s[ids[k]];
-            sum += w[k];
-        }
-        for (size_t k = 0; k < K; k++) {
-            if (m->w_norm) w[k] = (float) (w[k] / sum);
-            w[k] *= m->w_scale;
-        }
+        rx_moe_route_weights (s, ids, K, m->w_norm, m->w_scale, m->h_wts + t * K);
     }
 }
 
