@@ -24,6 +24,10 @@
 #include "host.h"
 #include "loader.h"
 
+/* radix-plugin.pc (configure.ac) and <radix/plugin.h> state the ABI once each. */
+_Static_assert (RX_CONF_ABI_MAJOR == RX_ABI_MAJOR && RX_CONF_ABI_MINOR == RX_ABI_MINOR,
+                "configure.ac's rx_abi_major/minor differ from RX_ABI_MAJOR/MINOR in <radix/plugin.h>");
+
 #ifndef RX_PLUGINDIR
 #  define RX_PLUGINDIR "/usr/local/lib/radix/plugins"
 #endif
