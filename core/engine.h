@@ -200,7 +200,7 @@ int rx_engine_forward_ids (rx_engine_t *e, const struct rx_model_batch *b, float
                            const uint8_t *want, int32_t *ids, struct rx_err *err);
 /* rx_engine_step with the device argmax of each output row into ids
  * (rx_engine_n_out rows) instead of its logits: greedy decoding
- * (radix bench, radix generate --temp 0). */
+ * (radix bench --greedy). */
 int rx_engine_step_ids (rx_engine_t *e, const struct rx_engine_req *reqs, int32_t n_req,
                         int32_t *ids, struct rx_err *err);
 
