@@ -30,22 +30,11 @@
 
 static int s_check (const struct rx_eplb_problem *p, struct rx_err *err)
 {
-    if (!p || p->struct_size < offsetof (struct rx_eplb_problem, load) + sizeof p->load || !p->load)
-        return rx_err_set (err, RX_EINVAL, "eplb-deepseek: NULL or short problem");
-    if (p->n_layer <= 0 || p->n_logical <= 0 || p->n_physical <= 0 || p->n_group <= 0
-        || p->n_node <= 0 || p->n_gpu <= 0)
-        return rx_err_set (err, RX_EINVAL,
-                           "eplb-deepseek: every size must be positive: %d layers, %d logical, %d physical, %d groups, %d nodes, %d GPUs",
-                           p->n_layer, p->n_logical, p->n_physical, p->n_group, p->n_node, p->n_gpu);
-    if (p->n_physical < p->n_logical)
-        return rx_err_set (err, RX_EINVAL, "eplb-deepseek: %d physical slots are fewer than the %d logical experts",
-                           p->n_physical, p->n_logical);
+    int rc = eplb_check ("eplb-deepseek", p, err);
+    if (rc != RX_OK) return rc;
     if (p->n_logical % p->n_group)
         return rx_err_set (err, RX_EINVAL, "eplb-deepseek: %d logical experts do not divide into %d groups",
                            p->n_logical, p->n_group);
-    if (p->n_physical % p->n_gpu)
-        return rx_err_set (err, RX_EINVAL, "eplb-deepseek: %d physical slots do not divide over %d GPUs",
-                           p->n_physical, p->n_gpu);
     if (p->n_gpu % p->n_node)
         return rx_err_set (err, RX_EINVAL, "eplb-deepseek: %d GPUs do not divide over %d nodes", p->n_gpu,
                            p->n_node);

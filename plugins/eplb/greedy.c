@@ -28,23 +28,10 @@
  * equal loads through rounding. */
 #define GR_EPS 1e-12
 
+/* Groups and nodes are ignored, so their divisibility does not matter. */
 static int s_check (const struct rx_eplb_problem *p, struct rx_err *err)
 {
-    if (!p || p->struct_size < offsetof (struct rx_eplb_problem, load) + sizeof p->load || !p->load)
-        return rx_err_set (err, RX_EINVAL, "eplb-greedy: NULL or short problem");
-    if (p->n_layer <= 0 || p->n_logical <= 0 || p->n_physical <= 0 || p->n_group <= 0
-        || p->n_node <= 0 || p->n_gpu <= 0)
-        return rx_err_set (err, RX_EINVAL,
-                           "eplb-greedy: every size must be positive: %d layers, %d logical, %d physical, %d groups, %d nodes, %d GPUs",
-                           p->n_layer, p->n_logical, p->n_physical, p->n_group, p->n_node, p->n_gpu);
-    if (p->n_physical < p->n_logical)
-        return rx_err_set (err, RX_EINVAL, "eplb-greedy: %d physical slots are fewer than the %d logical experts",
-                           p->n_physical, p->n_logical);
-    if (p->n_physical % p->n_gpu)
-        return rx_err_set (err, RX_EINVAL, "eplb-greedy: %d physical slots do not divide over %d GPUs",
-                           p->n_physical, p->n_gpu);
-    /* groups and nodes are ignored, so their divisibility does not matter */
-    return RX_OK;
+    return eplb_check ("eplb-greedy", p, err);
 }
 
 static int s_rebalance (const struct rx_host *host, const struct rx_eplb_problem *p, int32_t *phy2log,

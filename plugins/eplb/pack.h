@@ -1,6 +1,10 @@
-/* plugins/eplb/pack.h -- the two building blocks the EPLB plugins share
- * (header-only, static: each .so compiles its own copy and links nothing of
- * the core).  Both are deterministic: every tie is broken by index.
+/* plugins/eplb/pack.h -- what the EPLB plugins share (header-only, static:
+ * each .so compiles its own copy and links nothing of the core).  The
+ * building blocks are deterministic: every tie is broken by index.
+ *
+ *   eplb_check      the preconditions every algorithm has (a whole problem,
+ *                   positive sizes, at least one slot per logical expert,
+ *                   slots divisible over the GPUs), errors named by who.
  *
  *   eplb_replicate  give n_slot - n slots, one at a time, to the item with
  *                   the highest weight per copy (ties: lower index).
@@ -12,8 +16,30 @@
 #ifndef RX_EPLB_PACK_H
 #define RX_EPLB_PACK_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+
+#include <radix/eplb.h>
+#include <radix/err.h>
+
+static inline int eplb_check (const char *who, const struct rx_eplb_problem *p, struct rx_err *err)
+{
+    if (!p || p->struct_size < offsetof (struct rx_eplb_problem, load) + sizeof p->load || !p->load)
+        return rx_err_set (err, RX_EINVAL, "%s: NULL or short problem", who);
+    if (p->n_layer <= 0 || p->n_logical <= 0 || p->n_physical <= 0 || p->n_group <= 0
+        || p->n_node <= 0 || p->n_gpu <= 0)
+        return rx_err_set (err, RX_EINVAL,
+                           "%s: every size must be positive: %d layers, %d logical, %d physical, %d groups, %d nodes, %d GPUs",
+                           who, p->n_layer, p->n_logical, p->n_physical, p->n_group, p->n_node, p->n_gpu);
+    if (p->n_physical < p->n_logical)
+        return rx_err_set (err, RX_EINVAL, "%s: %d physical slots are fewer than the %d logical experts",
+                           who, p->n_physical, p->n_logical);
+    if (p->n_physical % p->n_gpu)
+        return rx_err_set (err, RX_EINVAL, "%s: %d physical slots do not divide over %d GPUs", who,
+                           p->n_physical, p->n_gpu);
+    return RX_OK;
+}
 
 /* qsort_r context: sort indices by weight descending, then index ascending
  * (a total order, so qsort's instability cannot show). */
