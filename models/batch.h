@@ -14,7 +14,12 @@
  * rx_model_stage_alloc sizes it for cap KV-slot entries (freeing an older
  * one), rx_model_stage_upload grows it when a batch has more, fills and
  * uploads it and points *d at the device arrays, rx_model_stage_free
- * releases it. */
+ * releases it.
+ *
+ * rx_model_logits (k, b, x, tmp, E, norm_w, eps, output, n_vocab, err): after
+ * the layers, b->logits = rms_norm (x rows b->out_rows) * norm_w, times
+ * output^T; the rows are gathered into tmp (at least n_out x E floats) in
+ * runs of consecutive rows unless every row is asked for. */
 #ifndef RX_MODELS_BATCH_H
 #define RX_MODELS_BATCH_H
 
@@ -160,6 +165,30 @@ static inline int rx_model_stage_upload (struct rx_model_stage *st, const struct
     d->kv_start = d->q_start + T + 1;
     d->kv_slots = d->kv_start + T + 1;
     return RX_OK;
+}
+
+static inline int rx_model_logits (const struct rx_kctx *k, const struct rx_model_batch *b, const float *x,
+                                   float *tmp, size_t E, const float *norm_w, float eps,
+                                   const rx_kweight_t *output, int32_t n_vocab, struct rx_err *err)
+{
+    const struct rx_kernels_ops *K = k->ops;
+    if (b->n_out == 0) return RX_OK;
+    const float *src = x;
+    if (b->n_out != b->n_tokens) {
+        for (int32_t j = 0; j < b->n_out;) {
+            int32_t r0 = b->out_rows[j], len = 1;
+            while (j + len < b->n_out && b->out_rows[j + len] == r0 + len) len++;
+            int rc = K->copy2d (k->be, k->stream, x + (size_t) r0 * E, E, tmp + (size_t) j * E, E,
+                                (size_t) len, E, err);
+            if (rc != RX_OK) return rc;
+            j += len;
+        }
+        src = tmp;
+    }
+    int rc = K->rms_norm (k->be, k->stream, src, E, norm_w, tmp, E, (size_t) b->n_out, E, eps, err);
+    if (rc != RX_OK) return rc;
+    return K->matmul (k->be, k->stream, output, -1, tmp, E, b->logits, (size_t) n_vocab, (size_t) b->n_out,
+                      0, err);
 }
 
 #endif

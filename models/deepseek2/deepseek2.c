@@ -1185,28 +1185,12 @@ static int s_dense (struct ds_model *m, const struct ds_layer *Y, size_t nn, siz
     return s_row_parallel (m, Y->w_down, m->gate, F, 0, nn, err);
 }
 
-/* logits = (rms_norm(x) * output_norm) Wout^T for the rows b asks for. */
+/* logits = (rms_norm(x) * output_norm) Wout^T for the rows b asks for
+ * (models/batch.h); hout is free after the layers. */
 static int s_logits (struct ds_model *m, const struct rx_model_batch *b, struct rx_err *err)
 {
-    const struct rx_kernels_ops *K = m->k.ops;
-    void *be = m->k.be;
-    rx_kstream_t *st = m->k.stream;
-    const size_t E = (size_t) m->n_embd;
-    if (b->n_out == 0) return RX_OK;
-    const float *src = m->x;
-    if (b->n_out != b->n_tokens) {
-        for (int32_t j = 0; j < b->n_out;) {
-            int32_t r0 = b->out_rows[j], len = 1;
-            while (j + len < b->n_out && b->out_rows[j + len] == r0 + len) len++;
-            DS_TRY (K->copy2d (be, st, m->x + (size_t) r0 * E, E, m->hout + (size_t) j * E, E,
-                               (size_t) len, E, err));
-            j += len;
-        }
-        src = m->hout;
-    }
-    DS_TRY (K->rms_norm (be, st, src, E, m->output_norm, m->hout, E, (size_t) b->n_out, E, m->eps, err));
-    return K->matmul (be, st, m->output, -1, m->hout, E, b->logits, (size_t) m->n_vocab,
-                      (size_t) b->n_out, 0, err);
+    return rx_model_logits (&m->k, b, m->x, m->hout, (size_t) m->n_embd, m->output_norm, m->eps, m->output,
+                            m->n_vocab, err);
 }
 
 /* ------------------------------------------------------ two-batch overlap -- */
