@@ -98,6 +98,9 @@ static inline int32_t rx_kernels_pick_device (const struct rx_kernels_params *p,
 #define RX_KCAP_ASYNC        (1u << 1)  /* ops return before the work is done */
 #define RX_KCAP_HOST_VISIBLE (1u << 2)  /* device pointers are host memory */
 #define RX_KCAP_KV_F16       (1u << 3)  /* kv_store/attention accept RX_F16 pools */
+#define RX_KCAP_WEIGHT_COPY  (1u << 4)  /* weight_load copies the view's data before it
+                                         * returns: the caller may free a host copy it
+                                         * made for the view (ABI 1.3) */
 
 struct rx_kernels_info {
     uint32_t    struct_size;     /* set by the caller: sizeof as it knows it */
@@ -118,7 +121,8 @@ struct rx_kernels_info {
 
 /* A host view of a GGUF tensor for weight_load().  data stays valid until
  * weight_free() (it points into the mmapped file), so a backend may keep it
- * instead of copying (zero copy). */
+ * instead of copying (zero copy) -- unless the backend reports
+ * RX_KCAP_WEIGHT_COPY. */
 struct rx_weight_view {
     const char *name;            /* for messages; may be NULL */
     int         dtype;           /* enum rx_dtype */
@@ -348,6 +352,57 @@ struct rx_kernels_ops {
     int  (*moe_route) (void *be, rx_kstream_t *s, const float *probs, const float *sel, size_t ld,
                        size_t rows, size_t n_expert, size_t n_group, size_t topk_group, size_t k,
                        int norm, float scale, int32_t *ids, float *w, struct rx_err *err);
+
+    /* -- appended in ABI 1.3: an MoE layer's expert pass on the device --
+     * (optional, the four together: check RX_HAS (.., moe_combine)).  They
+     * let a dispatcher and a model run an MoE layer on one rank without
+     * copying the routing to the host (no synchronize, so a decode step
+     * with MoE blocks can be captured as a graph): moe_sort orders the
+     * choices by expert, gather_rows copies the token rows into that order,
+     * matmul_grouped runs each expert over its rows, moe_combine sums the
+     * weighted outputs back per token.  Every array is device memory; only
+     * the sizes are host integers. */
+
+    /* (optional) counting sort of n_tok x k expert choices by expert, stable
+     * in (token, choice): ids is device int32 [n_tok][k].  Writes offsets
+     * [n_expert + 1] (expert e's sorted rows are [offsets[e], offsets[e+1]),
+     * offsets[0] = 0), row [n_tok*k] (row[t*k + j] = the sorted row of
+     * choice j of token t) and src [n_tok*k] (src[r] = the token of sorted
+     * row r).  A choice whose id is outside 0 .. n_expert-1 gets row -1 and
+     * no sorted row, so offsets[n_expert] is the count of valid choices and
+     * src is -1 from there on.  n_tok 0 writes offsets of zeros. */
+    int  (*moe_sort) (void *be, rx_kstream_t *s, const int32_t *ids, size_t n_tok, size_t k,
+                      size_t n_expert, int32_t *offsets, int32_t *row, int32_t *src,
+                      struct rx_err *err);
+    /* (optional) y[i][0..dim) = x[idx[i]][0..dim) for i < n (idx: device
+     * int32 [n]); idx[i] < 0 writes a row of zeros.  y and x do not overlap.
+     * The indices must be rows of x: not checked (device memory). */
+    int  (*gather_rows) (void *be, rx_kstream_t *s, const float *x, size_t ldx, const int32_t *idx,
+                         size_t n, size_t dim, float *y, size_t ldy, struct rx_err *err);
+    /* (optional) matmul of a 3-D weight W = [in, out, n_expert] over rows
+     * sorted by expert: row i of x and y (i < n) is sorted row row0 + i,
+     * which expert e runs when offsets[e] <= row0 + i < offsets[e+1]
+     * (offsets: device int32 [n_expert + 1], nondecreasing, from moe_sort);
+     * rows at or past offsets[n_expert] are not written.  Y[i] = X[i] W_e^T
+     * (RX_MM_ACCUMULATE: +=) with matmul's numerics for that expert's rows
+     * inside the window (a backend picks its kernel by row count, as matmul
+     * does, so an expert split over two windows may differ in the last
+     * bits from one call over all its rows).  The offsets are trusted: the
+     * CPU checks them, a GPU backend cannot without a copy to the host. */
+    int  (*matmul_grouped) (void *be, rx_kstream_t *s, const rx_kweight_t *w, const int32_t *offsets,
+                            size_t row0, const float *x, size_t ldx, float *y, size_t ldy, size_t n,
+                            uint32_t flags, struct rx_err *err);
+    /* (optional) for t < n_tok: acc = p_0, then acc = acc + p_j for j = 1 ..
+     * k-1 in order, where p_j = w[t*k + j] * y[row[t*k + j]] rounded to
+     * float (no fused multiply-add); out[t] = acc, or out[t] = out[t] + acc
+     * with RX_MM_ACCUMULATE.  A choice with row < 0 is left out (a token with
+     * none left gets zeros, or keeps out[t] with RX_MM_ACCUMULATE).  row and
+     * w: device [n_tok][k], as moe_sort and the router wrote them (the
+     * rows must be rows of y: not checked); dim columns; out does not
+     * overlap y. */
+    int  (*moe_combine) (void *be, rx_kstream_t *s, const float *y, size_t ldy, const int32_t *row,
+                         const float *w, size_t n_tok, size_t k, size_t dim, float *out, size_t ldo,
+                         uint32_t flags, struct rx_err *err);
 };
 
 #define RX_KERNELS_OPS_SIZE_1_0 \

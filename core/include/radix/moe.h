@@ -79,7 +79,25 @@ struct rx_moe_routed {
     int32_t  n_rows;                 /* offsets[n_local_expert] */
     float   *x;                      /* device [n_rows][n_embd]: the rows to process */
     float   *y;                      /* device [n_rows][n_embd]: where the model writes expert outputs */
+    /* -- appended in ABI 1.3 -- */
+    uint32_t flags;                  /* in: RX_MOE_ROUTED_* (0: host offsets, as before) */
+    const int32_t *d_offsets;        /* out: device [n_local_expert + 1] or NULL (see below) */
 };
+
+/* rx_moe_routed.flags: the caller can run the experts from device offsets
+ * alone (the kernel backend's matmul_grouped, radix/kernel.h) and needs no
+ * host copy of them.  A dispatcher that honours it sorts the rows on the
+ * device without a synchronize (moe-local does, when the backend has
+ * moe_sort, gather_rows and moe_combine), so a step with MoE blocks can be
+ * captured as a graph: it returns offsets = NULL, d_offsets set, and n_rows
+ * an upper bound of the rows (n_tok x k: rows from d_offsets[n_local_expert]
+ * on are unused).  Every other dispatcher, or the same one on another
+ * backend, ignores the flag: host offsets as before, d_offsets NULL, so the
+ * caller checks which it got.  The device sort does not check the ids: a
+ * choice outside the experts is left out of the layer (the host path
+ * reports it).  Only dispatch() looks at the flag; dispatch_wait hands out
+ * host offsets. */
+#define RX_MOE_ROUTED_DEVICE (1u << 0)
 
 struct rx_moe_ops {
     uint32_t struct_size;
