@@ -149,3 +149,21 @@ int rx_kcpu_matmul (struct rx_kcpu *k, const struct rx_kweight *w, int expert,
     rx_kpool_for_guided (k->pool, out, chunk, align, s_rows, &j, nth);
     return RX_OK;
 }
+
+int rx_kcpu_matmul_grouped (struct rx_kcpu *k, const struct rx_kweight *w, const int32_t *offsets,
+                            size_t row0, const float *x, size_t ldx, float *y, size_t ldy,
+                            size_t n, uint32_t flags, struct rx_err *err)
+{
+    const size_t n_expert = (size_t) w->ne[2], end = row0 + n;
+    for (size_t e = 0; e < n_expert; e++) {
+        size_t lo = (size_t) offsets[e], hi = (size_t) offsets[e + 1];
+        if (lo < row0) lo = row0;
+        if (hi > end) hi = end;
+        if (lo >= hi) continue;
+        /* The matmul op's own path for these rows of expert e. */
+        int rc = rx_kcpu_matmul (k, w, (int) e, x + (lo - row0) * ldx, ldx, y + (lo - row0) * ldy,
+                                 ldy, hi - lo, flags, err);
+        if (rc != RX_OK) return rc;
+    }
+    return RX_OK;
+}

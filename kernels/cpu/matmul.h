@@ -16,4 +16,15 @@ int rx_kcpu_matmul (struct rx_kcpu *k, const struct rx_kweight *w, int expert,
                     const float *x, size_t ldx, float *y, size_t ldy, size_t n,
                     uint32_t flags, struct rx_err *err);
 
+/* radix/kernel.h 1.3 matmul_grouped over a 3-D W: for each expert e, the
+ * rows [max(offsets[e], row0), min(offsets[e+1], row0 + n)) -- row i of x
+ * and y being sorted row row0 + i -- go through rx_kcpu_matmul for expert
+ * e as one call, so they get exactly what the matmul op gives for those
+ * rows (including its choice of kernel by row count).  Rows at or past
+ * offsets[n_expert] are not touched.  offsets (w->ne[2] + 1 entries) were
+ * checked by plugin.c: offsets[0] = 0, nondecreasing. */
+int rx_kcpu_matmul_grouped (struct rx_kcpu *k, const struct rx_kweight *w, const int32_t *offsets,
+                            size_t row0, const float *x, size_t ldx, float *y, size_t ldy,
+                            size_t n, uint32_t flags, struct rx_err *err);
+
 #endif

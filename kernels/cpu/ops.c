@@ -408,3 +408,131 @@ void rx_kcpu_topk (struct rx_kcpu *k, const float *x, size_t ldx, size_t rows, s
     struct s_sel c = { .x = x, .ldx = ldx, .dim = dim, .k = kk, .idx = idx, .vals = vals };
     s_rows_run (k, rows, (double) rows * (double) dim * 2, s_topk_fn, &c);
 }
+
+/* ---------------------------------------- MoE expert pass (kernel ABI 1.3) -- */
+
+void rx_kcpu_moe_sort (const int32_t *ids, size_t n_tok, size_t kk, size_t n_expert,
+                       int32_t *offsets, int32_t *row, int32_t *src)
+{
+    /* moe-local's host counting sort, with offsets as the only scratch:
+     * count into offsets[e + 1], prefix-sum (offsets[e] = first row of e),
+     * place with offsets[e] as e's cursor (it ends at e's end = the first
+     * row of e + 1), then shift back by one expert.  Serial: the choices
+     * of a step are few and the order must be stable. */
+    const size_t n = n_tok * kk;
+    memset (offsets, 0, (n_expert + 1) * sizeof *offsets);
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] >= 0 && (size_t) ids[i] < n_expert) offsets[ids[i] + 1]++;
+    for (size_t e = 0; e < n_expert; e++) offsets[e + 1] += offsets[e];
+    const int32_t valid = offsets[n_expert];
+    for (size_t i = 0; i < n; i++) {
+        const int32_t e = ids[i];
+        if (e < 0 || (size_t) e >= n_expert) {
+            row[i] = -1;
+            continue;
+        }
+        const int32_t r = offsets[e]++;
+        row[i] = r;
+        src[r] = (int32_t) (i / kk);
+    }
+    for (size_t e = n_expert; e > 0; e--) offsets[e] = offsets[e - 1];
+    offsets[0] = 0;
+    offsets[n_expert] = valid;
+    for (size_t r = (size_t) valid; r < n; r++) src[r] = -1;
+}
+
+struct s_gather {
+    const float *x;
+    const int32_t *idx;
+    float *y;
+    size_t ldx, ldy, dim;
+};
+
+static void s_gather_fn (void *ctx, size_t r0, size_t r1)
+{
+    const struct s_gather *c = ctx;
+    for (size_t i = r0; i < r1; i++) {
+        float *y = c->y + i * c->ldy;
+        if (c->idx[i] < 0) memset (y, 0, c->dim * sizeof *y);
+        else memcpy (y, c->x + (size_t) c->idx[i] * c->ldx, c->dim * sizeof *y);
+    }
+}
+
+void rx_kcpu_gather_rows (struct rx_kcpu *k, const float *x, size_t ldx, const int32_t *idx,
+                          size_t n, size_t dim, float *y, size_t ldy)
+{
+    struct s_gather c = { .x = x, .idx = idx, .y = y, .ldx = ldx, .ldy = ldy, .dim = dim };
+    s_rows_run (k, n, (double) n * (double) dim, s_gather_fn, &c);
+}
+
+/* moe_combine's two row steps, each its own non-inlined function: the
+ * product is rounded to float and stored before the sum reads it, so no
+ * compiler setting (-mfma with gcc's default -ffp-contract=fast in gnu
+ * mode) can fuse w * y + acc into one FMA.  They compute exactly what the
+ * scale op (alpha * x) and the add op (a + b) do, so moe_combine equals
+ * moe-local's scale/add/copy2d sequence bit for bit. */
+static void __attribute__ ((noinline))
+s_row_mul (float *restrict p, const float *restrict y, float w, size_t n)
+{
+    for (size_t i = 0; i < n; i++) p[i] = w * y[i];
+}
+
+static void __attribute__ ((noinline))
+s_row_add (float *a, const float *restrict b, size_t n)
+{
+    for (size_t i = 0; i < n; i++) a[i] = a[i] + b[i];
+}
+
+/* Columns moe_combine sums at a time (two rows of them on the stack). */
+#define S_COMBINE_COLS 512
+
+struct s_combine {
+    const float *y, *w;
+    const int32_t *row;
+    float *out;
+    size_t ldy, ldo, k, dim;
+    int accumulate;
+};
+
+static void s_combine_fn (void *ctx, size_t t0, size_t t1)
+{
+    const struct s_combine *c = ctx;
+    float acc[S_COMBINE_COLS], p[S_COMBINE_COLS];
+    for (size_t t = t0; t < t1; t++) {
+        const int32_t *row = c->row + t * c->k;
+        const float *w = c->w + t * c->k;
+        float *o = c->out + t * c->ldo;
+        /* Columns are independent: blocks of them keep acc in L1. */
+        for (size_t c0 = 0; c0 < c->dim; c0 += S_COMBINE_COLS) {
+            const size_t nc = c->dim - c0 < S_COMBINE_COLS ? c->dim - c0 : S_COMBINE_COLS;
+            int have = 0;
+            for (size_t j = 0; j < c->k; j++) {
+                if (row[j] < 0) continue;
+                const float *yj = c->y + (size_t) row[j] * c->ldy + c0;
+                if (!have) {
+                    s_row_mul (acc, yj, w[j], nc);
+                    have = 1;
+                } else {
+                    s_row_mul (p, yj, w[j], nc);
+                    s_row_add (acc, p, nc);
+                }
+            }
+            if (c->accumulate) {
+                if (have) s_row_add (o + c0, acc, nc);
+            } else if (have) {
+                memcpy (o + c0, acc, nc * sizeof *acc);
+            } else {
+                memset (o + c0, 0, nc * sizeof *acc);
+            }
+        }
+    }
+}
+
+void rx_kcpu_moe_combine (struct rx_kcpu *k, const float *y, size_t ldy, const int32_t *row,
+                          const float *w, size_t n_tok, size_t kk, size_t dim, float *out,
+                          size_t ldo, int accumulate)
+{
+    struct s_combine c = { .y = y, .w = w, .row = row, .out = out, .ldy = ldy, .ldo = ldo,
+                           .k = kk, .dim = dim, .accumulate = accumulate };
+    s_rows_run (k, n_tok, (double) n_tok * (double) kk * (double) dim * 2, s_combine_fn, &c);
+}

@@ -38,6 +38,19 @@ void rx_kcpu_moe_route (struct rx_kcpu *k, const float *probs, const float *sel,
                         size_t rows, size_t n_expert, size_t n_group, size_t topk_group,
                         size_t kk, int norm, float scale, int32_t *ids, float *w);
 
+/* radix/kernel.h 1.3 moe_sort, gather_rows and moe_combine (arguments
+ * checked by the caller; accumulate: RX_MM_ACCUMULATE).  moe_sort is the
+ * stable counting sort of plugins/moe/local.c's dispatch; moe_combine
+ * rounds each product w * y to float before adding it (never an FMA), so
+ * it equals moe-local's scale/add/copy2d sequence bit for bit. */
+void rx_kcpu_moe_sort (const int32_t *ids, size_t n_tok, size_t kk, size_t n_expert,
+                       int32_t *offsets, int32_t *row, int32_t *src);
+void rx_kcpu_gather_rows (struct rx_kcpu *k, const float *x, size_t ldx, const int32_t *idx,
+                          size_t n, size_t dim, float *y, size_t ldy);
+void rx_kcpu_moe_combine (struct rx_kcpu *k, const float *y, size_t ldy, const int32_t *row,
+                          const float *w, size_t n_tok, size_t kk, size_t dim, float *out,
+                          size_t ldo, int accumulate);
+
 /* YaRN correction range (GGML's ggml_rope_yarn_corr_dims). */
 void rx_kcpu_rope_corr_dims (int n_dims, int n_ctx_orig, float freq_base, float beta_fast,
                              float beta_slow, float dims[2]);

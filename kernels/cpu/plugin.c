@@ -868,6 +868,100 @@ static int s_moe_route (void *be, rx_kstream_t *s, const float *probs, const flo
     return RX_OK;
 }
 
+/* -- the MoE expert pass (kernel ABI 1.3) -- */
+
+static int s_moe_sort (void *be, rx_kstream_t *s, const int32_t *ids, size_t n_tok, size_t kk,
+                       size_t n_expert, int32_t *offsets, int32_t *row, int32_t *src,
+                       struct rx_err *err)
+{
+    S_BEGIN ("moe_sort");
+    S_NEED (n_expert >= 1 && n_expert < INT32_MAX, "kernels-cpu moe_sort: n_expert %zu (1..2^31-2)",
+            n_expert);
+    S_NEED (kk >= 1, "kernels-cpu moe_sort: k is 0");
+    S_NEED (n_tok <= INT32_MAX / kk, "kernels-cpu moe_sort: %zu tokens x k = %zu choices do not fit "
+            "int32 rows", n_tok, kk);
+    S_NEED (offsets, "kernels-cpu moe_sort: offsets is NULL");
+    S_DEV (offsets);
+    S_NEED (n_tok == 0 || (ids && row && src), "kernels-cpu moe_sort: ids, row or src is NULL");
+    S_DEV (ids);
+    S_DEV (row);
+    S_DEV (src);
+    rx_kcpu_moe_sort (ids, n_tok, kk, n_expert, offsets, row, src);
+    return RX_OK;
+}
+
+static int s_gather_rows (void *be, rx_kstream_t *s, const float *x, size_t ldx, const int32_t *idx,
+                          size_t n, size_t dim, float *y, size_t ldy, struct rx_err *err)
+{
+    S_BEGIN ("gather_rows");
+    S_NEED (n == 0 || (x && idx), "kernels-cpu gather_rows: x or idx is NULL");
+    S_DEV (x);
+    S_DEV (idx);
+    /* x's rows are picked by idx: its ld matters even for one row. */
+    S_NEED (n == 0 || ldx >= dim, "kernels-cpu gather_rows: ldx = %zu is smaller than dim %zu",
+            ldx, dim);
+    S_VIEW (y, ldy, n, dim, 0);
+    if (n == 0 || dim == 0) return RX_OK;
+    rx_kcpu_gather_rows (k, x, ldx, idx, n, dim, y, ldy);
+    return RX_OK;
+}
+
+/* The offsets are device memory, which the CPU can read: they are checked
+ * here (offsets[0] = 0, nondecreasing).  A GPU backend cannot check them
+ * without a synchronize; it trusts moe_sort's.  Whether offsets[n_expert]
+ * exceeds the rows the caller allocated is not knowable here either. */
+static int s_matmul_grouped (void *be, rx_kstream_t *s, const rx_kweight_t *w, const int32_t *offsets,
+                             size_t row0, const float *x, size_t ldx, float *y, size_t ldy,
+                             size_t n, uint32_t flags, struct rx_err *err)
+{
+    S_BEGIN ("matmul_grouped");
+    S_NEED (s_weight_ok (w), "kernels-cpu matmul_grouped: bad weight handle");
+    S_NEED (w->n_dims >= 3 && w->ne[3] == 1,
+            "kernels-cpu matmul_grouped: weight must be 3-D [in, out, n_expert] (it has %u dims)",
+            w->n_dims);
+    S_NEED (w->ne[2] < INT32_MAX, "kernels-cpu matmul_grouped: %llu experts",
+            (unsigned long long) w->ne[2]);
+    S_NEED (k->isa->mm_supported (w->dtype), "kernels-cpu matmul_grouped: no %s kernel on path %s",
+            rx_dtype_name (w->dtype), k->isa->name);
+    S_NEED ((flags & ~RX_MM_ACCUMULATE) == 0, "kernels-cpu matmul_grouped: unknown flags 0x%x", flags);
+    S_VIEW (x, ldx, n, (size_t) w->ne[0], 0);
+    S_VIEW (y, ldy, n, (size_t) w->ne[1], 0);
+    S_NEED (n == 0 || offsets, "kernels-cpu matmul_grouped: offsets is NULL");
+    S_DEV (offsets);
+    if (n == 0) return RX_OK;
+    S_NEED (row0 <= INT32_MAX && n <= (size_t) INT32_MAX - row0,
+            "kernels-cpu matmul_grouped: rows %zu + %zu exceed int32", row0, n);
+    const size_t n_expert = (size_t) w->ne[2];
+    S_NEED (offsets[0] == 0, "kernels-cpu matmul_grouped: offsets[0] = %d, not 0", offsets[0]);
+    for (size_t e = 0; e < n_expert; e++)
+        S_NEED (offsets[e + 1] >= offsets[e],
+                "kernels-cpu matmul_grouped: offsets[%zu] = %d < offsets[%zu] = %d (offsets must "
+                "be nondecreasing, as moe_sort writes them)", e + 1, offsets[e + 1], e, offsets[e]);
+    return rx_kcpu_matmul_grouped (k, w, offsets, row0, x, ldx, y, ldy, n, flags, err);
+}
+
+static int s_moe_combine (void *be, rx_kstream_t *s, const float *y, size_t ldy, const int32_t *row,
+                          const float *w, size_t n_tok, size_t kk, size_t dim, float *out, size_t ldo,
+                          uint32_t flags, struct rx_err *err)
+{
+    S_BEGIN ("moe_combine");
+    S_NEED (kk >= 1, "kernels-cpu moe_combine: k is 0");
+    S_NEED ((flags & ~RX_MM_ACCUMULATE) == 0, "kernels-cpu moe_combine: unknown flags 0x%x", flags);
+    S_NEED (n_tok <= SIZE_MAX / kk, "kernels-cpu moe_combine: %zu tokens x k = %zu overflow", n_tok,
+            kk);
+    S_NEED (n_tok == 0 || (y && row && w), "kernels-cpu moe_combine: y, row or w is NULL");
+    S_DEV (y);
+    S_DEV (row);
+    S_DEV (w);
+    /* y's rows are picked by row: its ld matters even for one token. */
+    S_NEED (n_tok == 0 || ldy >= dim, "kernels-cpu moe_combine: ldy = %zu is smaller than dim %zu",
+            ldy, dim);
+    S_VIEW (out, ldo, n_tok, dim, 0);
+    if (n_tok == 0 || dim == 0) return RX_OK;
+    rx_kcpu_moe_combine (k, y, ldy, row, w, n_tok, kk, dim, out, ldo, (flags & RX_MM_ACCUMULATE) != 0);
+    return RX_OK;
+}
+
 static int s_pool_check (const struct rx_kv_pool *pool, const char *s_op, struct rx_err *err)
 {
     S_NEED (pool, "kernels-cpu %s: pool is NULL", s_op);
@@ -1014,6 +1108,18 @@ S_GUARDED (topk, (void *be, rx_kstream_t *s, const float *x, size_t ldx, size_t 
 S_GUARDED (moe_route, (void *be, rx_kstream_t *s, const float *probs, const float *sel, size_t ld, size_t rows, size_t n_expert, size_t n_group, size_t topk_group, size_t kk, int norm, float scale, int32_t *ids, float *w, struct rx_err *err),
            (be, s, probs, sel, ld, rows, n_expert, n_group, topk_group, kk, norm, scale, ids, w, err))
 
+S_GUARDED (moe_sort, (void *be, rx_kstream_t *s, const int32_t *ids, size_t n_tok, size_t kk, size_t n_expert, int32_t *offsets, int32_t *row, int32_t *src, struct rx_err *err),
+           (be, s, ids, n_tok, kk, n_expert, offsets, row, src, err))
+
+S_GUARDED (gather_rows, (void *be, rx_kstream_t *s, const float *x, size_t ldx, const int32_t *idx, size_t n, size_t dim, float *y, size_t ldy, struct rx_err *err),
+           (be, s, x, ldx, idx, n, dim, y, ldy, err))
+
+S_GUARDED (matmul_grouped, (void *be, rx_kstream_t *s, const rx_kweight_t *w, const int32_t *offsets, size_t row0, const float *x, size_t ldx, float *y, size_t ldy, size_t n, uint32_t flags, struct rx_err *err),
+           (be, s, w, offsets, row0, x, ldx, y, ldy, n, flags, err))
+
+S_GUARDED (moe_combine, (void *be, rx_kstream_t *s, const float *y, size_t ldy, const int32_t *row, const float *w, size_t n_tok, size_t kk, size_t dim, float *out, size_t ldo, uint32_t flags, struct rx_err *err),
+           (be, s, y, ldy, row, w, n_tok, kk, dim, out, ldo, flags, err))
+
 S_GUARDED (kv_store, (void *be, rx_kstream_t *s, const struct rx_kv_pool *pool, const float *kx, size_t ldk, const float *vx, size_t ldv, const int32_t *slots, size_t n_tok, struct rx_err *err),
            (be, s, pool, kx, ldk, vx, ldv, slots, n_tok, err))
 
@@ -1092,6 +1198,24 @@ S_CAPTURED (moe_route, (void *be, rx_kstream_t *s, const float *probs, const flo
             (const float *probs; const float *sel; size_t ld, rows, n_expert, n_group, topk_group, kk; int norm; float scale; int32_t *ids; float *w;),
             (probs, sel, ld, rows, n_expert, n_group, topk_group, kk, norm, scale, ids, w),
             (a->probs, a->sel, a->ld, a->rows, a->n_expert, a->n_group, a->topk_group, a->kk, a->norm, a->scale, a->ids, a->w))
+
+/* The MoE expert pass (ABI 1.3): only pointers and sizes, so a decode
+ * step's MoE blocks replay with the routing of launch time. */
+S_CAPTURED (moe_sort, (void *be, rx_kstream_t *s, const int32_t *ids, size_t n_tok, size_t kk, size_t n_expert, int32_t *offsets, int32_t *row, int32_t *src, struct rx_err *err),
+            (const int32_t *ids; size_t n_tok, kk, n_expert; int32_t *offsets; int32_t *row; int32_t *src;),
+            (ids, n_tok, kk, n_expert, offsets, row, src),
+            (a->ids, a->n_tok, a->kk, a->n_expert, a->offsets, a->row, a->src))
+S_CAPTURED (gather_rows, (void *be, rx_kstream_t *s, const float *x, size_t ldx, const int32_t *idx, size_t n, size_t dim, float *y, size_t ldy, struct rx_err *err),
+            (const float *x; size_t ldx; const int32_t *idx; size_t n, dim; float *y; size_t ldy;),
+            (x, ldx, idx, n, dim, y, ldy), (a->x, a->ldx, a->idx, a->n, a->dim, a->y, a->ldy))
+S_CAPTURED (matmul_grouped, (void *be, rx_kstream_t *s, const rx_kweight_t *w, const int32_t *offsets, size_t row0, const float *x, size_t ldx, float *y, size_t ldy, size_t n, uint32_t flags, struct rx_err *err),
+            (const rx_kweight_t *w; const int32_t *offsets; size_t row0; const float *x; size_t ldx; float *y; size_t ldy, n; uint32_t flags;),
+            (w, offsets, row0, x, ldx, y, ldy, n, flags),
+            (a->w, a->offsets, a->row0, a->x, a->ldx, a->y, a->ldy, a->n, a->flags))
+S_CAPTURED (moe_combine, (void *be, rx_kstream_t *s, const float *y, size_t ldy, const int32_t *row, const float *w, size_t n_tok, size_t kk, size_t dim, float *out, size_t ldo, uint32_t flags, struct rx_err *err),
+            (const float *y; size_t ldy; const int32_t *row; const float *w; size_t n_tok, kk, dim; float *out; size_t ldo; uint32_t flags;),
+            (y, ldy, row, w, n_tok, kk, dim, out, ldo, flags),
+            (a->y, a->ldy, a->row, a->w, a->n_tok, a->kk, a->dim, a->out, a->ldo, a->flags))
 
 /* The ops whose parameter structs are copied into the record. */
 struct r_rope {
@@ -1229,6 +1353,10 @@ static const struct rx_kernels_ops s_ops = {
     .kv_store = x_kv_store,
     .attention = x_attention,
     .moe_route = x_moe_route,
+    .moe_sort = x_moe_sort,
+    .gather_rows = x_gather_rows,
+    .matmul_grouped = x_matmul_grouped,
+    .moe_combine = x_moe_combine,
 };
 
 RX_PLUGIN_DEFINE (.kind = RX_KIND_KERNELS, .name = "cpu", .version = S_VERSION,

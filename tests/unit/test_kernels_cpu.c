@@ -1492,3 +1492,423 @@ Test (kcpu, attention_paged_gqa, .timeout = 120)
         }
     }
 }
+
+/* ================================ the MoE expert pass (kernel ABI 1.3) -- */
+
+/* Bits of n floats equal (a NaN sentinel compares equal to itself). */
+static int s_bits_eq (const float *a, const float *b, size_t n)
+{
+    return memcmp (a, b, n * sizeof *a) == 0;
+}
+
+/* The definition worked out by hand: 3 tokens x 2 choices over 4 experts,
+ * ids [[2, 0], [1, 2], [0, 5]] (5 is no expert).  Sorted by expert, then
+ * token, then choice: expert 0 gets (t0, j1), (t2, j0); expert 1 (t1, j0);
+ * expert 2 (t0, j0), (t1, j1); expert 3 nothing. */
+Test (kcpu, moe_sort_by_hand)
+{
+    void *be = s_create ("auto", 2);
+    struct rx_err err = { 0 };
+    const int32_t ids[6] = { 2, 0, 1, 2, 0, 5 };
+    int32_t off[5 + 1], row[6], src[6 + 1];
+    for (int i = 0; i < 6; i++) off[i] = row[i] = src[i] = 77;
+    src[6] = 77;
+    cr_assert_eq (K->moe_sort (be, NULL, ids, 3, 2, 4, off, row, src, &err), RX_OK, "%s", err.msg);
+    const int32_t w_off[5] = { 0, 2, 3, 5, 5 };
+    const int32_t w_row[6] = { 3, 0, 2, 4, 1, -1 };
+    const int32_t w_src[6] = { 0, 2, 1, 0, 1, -1 };
+    for (int i = 0; i < 5; i++) cr_assert_eq (off[i], w_off[i], "offsets[%d] = %d", i, off[i]);
+    cr_assert_eq (off[5], 77, "offsets has n_expert + 1 entries");
+    for (int i = 0; i < 6; i++) cr_assert_eq (row[i], w_row[i], "row[%d] = %d", i, row[i]);
+    for (int i = 0; i < 6; i++) cr_assert_eq (src[i], w_src[i], "src[%d] = %d", i, src[i]);
+    cr_assert_eq (src[6], 77, "src has n_tok * k entries");
+    /* A negative id: row -1; one token [-1, 3] -> only expert 3 has a row. */
+    const int32_t ids2[2] = { -1, 3 };
+    cr_assert_eq (K->moe_sort (be, NULL, ids2, 1, 2, 4, off, row, src, &err), RX_OK, "%s", err.msg);
+    const int32_t w_off2[5] = { 0, 0, 0, 0, 1 };
+    for (int i = 0; i < 5; i++) cr_assert_eq (off[i], w_off2[i], "offsets[%d] = %d", i, off[i]);
+    cr_assert (row[0] == -1 && row[1] == 0 && src[0] == 0 && src[1] == -1,
+               "row %d %d src %d %d", row[0], row[1], src[0], src[1]);
+    /* No tokens: offsets of zeros, nothing else read or written. */
+    for (int i = 0; i < 5; i++) off[i] = 77;
+    cr_assert_eq (K->moe_sort (be, NULL, NULL, 0, 2, 4, off, NULL, NULL, &err), RX_OK, "%s", err.msg);
+    for (int i = 0; i < 5; i++) cr_assert_eq (off[i], 0, "offsets[%d] = %d", i, off[i]);
+    K->destroy (be);
+}
+
+/* Random routings (with invalid ids) against a naive sort: for each
+ * expert in turn, the choices naming it in (token, choice) order. */
+Test (kcpu, moe_sort_random)
+{
+    void *be = s_create ("auto", 3);
+    struct rx_err err = { 0 };
+    for (int it = 0; it < 200; it++) {
+        const size_t n_tok = s_next () % 41, kk = 1 + s_next () % 8, ne = 1 + s_next () % 20;
+        const size_t n = n_tok * kk;
+        int32_t *ids = malloc ((n + 1) * sizeof *ids), *row = malloc ((n + 1) * sizeof *row);
+        int32_t *src = malloc ((n + 1) * sizeof *src), *off = malloc ((ne + 2) * sizeof *off);
+        int32_t *wrow = malloc ((n + 1) * sizeof *wrow), *wsrc = malloc ((n + 1) * sizeof *wsrc);
+        for (size_t i = 0; i < n; i++) {
+            uint64_t r = s_next () % 100;
+            ids[i] = r < 5 ? -1 - (int32_t) (s_next () % 3) : r < 10 ? (int32_t) (ne + s_next () % 3)
+                                                                   : (int32_t) (s_next () % ne);
+        }
+        for (size_t i = 0; i <= n; i++) row[i] = src[i] = 77;
+        for (size_t e = 0; e <= ne + 1; e++) off[e] = 77;
+        cr_assert_eq (K->moe_sort (be, NULL, ids, n_tok, kk, ne, off, row, src, &err), RX_OK, "%s", err.msg);
+        int32_t next = 0;
+        for (size_t i = 0; i < n; i++) wrow[i] = -1;
+        for (size_t i = 0; i < n; i++) wsrc[i] = -1;
+        for (size_t e = 0; e < ne; e++) {
+            cr_assert_eq (off[e], next, "it %d: offsets[%zu] = %d, want %d", it, e, off[e], next);
+            for (size_t t = 0; t < n_tok; t++)
+                for (size_t j = 0; j < kk; j++)
+                    if (ids[t * kk + j] == (int32_t) e) {
+                        wrow[t * kk + j] = next;
+                        wsrc[next++] = (int32_t) t;
+                    }
+        }
+        cr_assert_eq (off[ne], next, "it %d: offsets[n_expert] = %d, want %d valid", it, off[ne], next);
+        cr_assert_eq (off[ne + 1], 77);
+        for (size_t i = 0; i < n; i++) {
+            cr_assert_eq (row[i], wrow[i], "it %d: row[%zu] = %d, want %d", it, i, row[i], wrow[i]);
+            cr_assert_eq (src[i], wsrc[i], "it %d: src[%zu] = %d, want %d", it, i, src[i], wsrc[i]);
+        }
+        cr_assert (row[n] == 77 && src[n] == 77, "it %d: wrote past n_tok * k", it);
+        free (ids);
+        free (row);
+        free (src);
+        free (off);
+        free (wrow);
+        free (wsrc);
+    }
+    K->destroy (be);
+}
+
+Test (kcpu, gather_rows_zeros_for_negative_idx)
+{
+    for (int th = 1; th <= 3; th += 2) {
+        void *be = s_create ("auto", th);
+        struct rx_err err = { 0 };
+        enum { XR = 10, LDX = 7, DIM = 5, LDY = 6, N = 6 };
+        float x[XR * LDX], y[N * LDY];
+        for (int i = 0; i < XR * LDX; i++) x[i] = (float) i * 0.5f - 3.f;
+        for (int i = 0; i < N * LDY; i++) y[i] = NAN;
+        const int32_t idx[N] = { 3, -1, 0, 9, 3, -7 };
+        cr_assert_eq (K->gather_rows (be, NULL, x, LDX, idx, N, DIM, y, LDY, &err), RX_OK, "%s", err.msg);
+        for (int i = 0; i < N; i++) {
+            for (int c = 0; c < DIM; c++) {
+                float want = idx[i] < 0 ? 0.f : x[idx[i] * LDX + c];
+                cr_assert_eq (y[i * LDY + c], want, "y[%d][%d] = %g, want %g", i, c,
+                              (double) y[i * LDY + c], (double) want);
+                if (idx[i] < 0) cr_assert (!signbit (y[i * LDY + c]), "+0");
+            }
+            cr_assert (isnan (y[i * LDY + DIM]), "padding column untouched");
+        }
+        cr_assert_eq (K->gather_rows (be, NULL, NULL, 0, NULL, 0, DIM, NULL, 0, &err), RX_OK, "n = 0");
+        K->destroy (be);
+    }
+}
+
+/* matmul_grouped over experts with 7, 0, 20, 1 and 9 rows (37 sorted rows
+ * in a buffer of 40): each expert's rows inside the window [row0, row0 +
+ * n) give exactly what one matmul call of that expert on those rows
+ * gives; rows past offsets[n_expert] and the padding keep their sentinel. */
+static void s_check_grouped (void *be, const char *tag, int dtype, size_t in)
+{
+    enum { NE = 5, NR = 40, OUT = 24 };
+    const int32_t off[NE + 1] = { 0, 7, 7, 27, 28, 37 };
+    const size_t ldx = in + 3, ldy = OUT + 2;
+    uint8_t *wd = s_rand_weights (dtype, in, (size_t) OUT * NE);
+    rx_kweight_t *kw = s_weight (be, dtype, wd, in, OUT, NE);
+    float *x = s_randv (NR * ldx, 1.f);
+    float *y = malloc (NR * ldy * sizeof *y), *yr = malloc (NR * ldy * sizeof *yr);
+    float *base = s_randv (NR * ldy, 1.f);
+    /* windows: everything (past the rows), inside expert 2, across 2|3|4 up to the end */
+    const size_t win[][2] = { { 0, NR }, { 10, 14 }, { 25, 15 }, { 6, 2 }, { 37, 3 } };
+    for (int acc = 0; acc < 2; acc++) {
+        for (size_t wi = 0; wi < sizeof win / sizeof win[0]; wi++) {
+            const size_t row0 = win[wi][0], n = win[wi][1];
+            for (size_t i = 0; i < NR * ldy; i++) y[i] = yr[i] = acc ? base[i] : NAN;
+            struct rx_err err = { 0 };
+            const uint32_t fl = acc ? RX_MM_ACCUMULATE : 0;
+            cr_assert_eq (K->matmul_grouped (be, NULL, kw, off, row0, x + row0 * ldx, ldx, y + row0 * ldy,
+                                             ldy, n, fl, &err), RX_OK, "%s: %s", tag, err.msg);
+            for (int e = 0; e < NE; e++) {
+                size_t lo = (size_t) off[e] > row0 ? (size_t) off[e] : row0;
+                size_t hi = (size_t) off[e + 1] < row0 + n ? (size_t) off[e + 1] : row0 + n;
+                if (lo < hi)
+                    cr_assert_eq (K->matmul (be, NULL, kw, e, x + lo * ldx, ldx, yr + lo * ldy, ldy, hi - lo,
+                                             fl, &err), RX_OK, "%s", err.msg);
+            }
+            for (size_t r = 0; r < NR; r++)
+                cr_assert (s_bits_eq (y + r * ldy, yr + r * ldy, ldy),
+                           "%s %s acc=%d window [%zu, %zu): row %zu differs from matmul (%.9g vs %.9g)%s",
+                           tag, rx_dtype_name (dtype), acc, row0, row0 + n, r, (double) y[r * ldy],
+                           (double) yr[r * ldy], r >= 37 || r < row0 || r >= row0 + n ? " (should be untouched)" : "");
+            /* and the untouched rows really are the sentinel */
+            for (size_t r = 37; r < NR; r++)
+                for (size_t c = 0; c < ldy; c++)
+                    cr_assert (acc ? y[r * ldy + c] == base[r * ldy + c] : isnan (y[r * ldy + c]),
+                               "%s: row %zu past offsets[n_expert] written", tag, r);
+        }
+    }
+    K->weight_free (be, kw);
+    free (wd);
+    free (x);
+    free (y);
+    free (yr);
+    free (base);
+}
+
+Test (kcpu, matmul_grouped_equals_matmul_per_expert, .timeout = 120)
+{
+    for (size_t ii = 0; ii < S_NCFG; ii++) {
+        if (!s_isa_ok (s_cfgs[ii].isa)) continue;
+        void *be = s_create_x (s_cfgs[ii].isa, 2, s_cfgs[ii].extra);
+        char tag[96];
+        snprintf (tag, sizeof tag, "isa=%s %s", s_cfgs[ii].isa, s_cfgs[ii].extra ? s_cfgs[ii].extra : "");
+        s_check_grouped (be, tag, RX_F32, 64);
+        s_check_grouped (be, tag, RX_F16, 40);
+        s_check_grouped (be, tag, RX_Q8_0, 64);
+        s_check_grouped (be, tag, RX_Q4_K, 256);
+        K->destroy (be);
+    }
+}
+
+/* moe-local's combine (plugins/moe/local.c) with the 1.0 ops, left-out
+ * choices (row < 0) skipped: scale each y row by its weight in place, add
+ * them into the first in choice order, copy or add that to out[t]; k = 1
+ * without accumulate scales straight into out.  y is clobbered. */
+static void s_combine_ref (void *be, float *y, size_t ldy, const int32_t *row, const float *w,
+                           size_t n_tok, size_t kk, size_t dim, float *out, size_t ldo, int acc)
+{
+    struct rx_err err = { 0 };
+    for (size_t t = 0; t < n_tok; t++) {
+        float *o = out + t * ldo, *first = NULL;
+        if (kk == 1 && !acc && row[t] >= 0) {
+            cr_assert_eq (K->scale (be, NULL, y + (size_t) row[t] * ldy, ldy, o, ldo, 1, dim, w[t], &err), RX_OK);
+            continue;
+        }
+        for (size_t j = 0; j < kk; j++) {
+            const int32_t r = row[t * kk + j];
+            if (r < 0) continue;
+            float *yj = y + (size_t) r * ldy;
+            cr_assert_eq (K->scale (be, NULL, yj, ldy, yj, ldy, 1, dim, w[t * kk + j], &err), RX_OK);
+            if (!first) first = yj;
+            else cr_assert_eq (K->add (be, NULL, first, ldy, yj, ldy, first, ldy, 1, dim, &err), RX_OK);
+        }
+        if (!first) {
+            if (!acc) memset (o, 0, dim * sizeof *o);
+        } else if (acc) {
+            cr_assert_eq (K->add (be, NULL, o, ldo, first, ldy, o, ldo, 1, dim, &err), RX_OK);
+        } else {
+            cr_assert_eq (K->copy2d (be, NULL, first, ldy, o, ldo, 1, dim, &err), RX_OK);
+        }
+    }
+}
+
+static void s_check_combine (void *be, size_t n_tok, size_t kk, size_t dim, int acc, int holes)
+{
+    const size_t n = n_tok * kk, ldy = dim + 1, ldo = dim + 3;
+    int32_t *ids = malloc (n * sizeof *ids), *row = malloc (n * sizeof *row);
+    int32_t *src = malloc (n * sizeof *src), off[9];
+    for (size_t i = 0; i < n; i++)
+        ids[i] = holes && s_next () % 4 == 0 ? -1 : (int32_t) (s_next () % 8);
+    if (holes && n_tok > 1)
+        for (size_t j = 0; j < kk; j++) ids[kk + j] = -1;   /* token 1: no choice left */
+    struct rx_err err = { 0 };
+    cr_assert_eq (K->moe_sort (be, NULL, ids, n_tok, kk, 8, off, row, src, &err), RX_OK, "%s", err.msg);
+    float *y = s_randv (n * ldy, 1.f), *y2 = malloc (n * ldy * sizeof *y2);
+    float *w = s_randv (n, 0.7f);
+    float *o = s_randv (n_tok * ldo, 1.f), *o2 = malloc (n_tok * ldo * sizeof *o2);
+    memcpy (y2, y, n * ldy * sizeof *y);
+    memcpy (o2, o, n_tok * ldo * sizeof *o);
+    cr_assert_eq (K->moe_combine (be, NULL, y, ldy, row, w, n_tok, kk, dim, o, ldo,
+                                  acc ? RX_MM_ACCUMULATE : 0, &err), RX_OK, "%s", err.msg);
+    cr_assert (s_bits_eq (y, y2, n * ldy), "moe_combine leaves y alone");
+    s_combine_ref (be, y2, ldy, row, w, n_tok, kk, dim, o2, ldo, acc);
+    for (size_t t = 0; t < n_tok; t++)
+        for (size_t c = 0; c < ldo; c++)
+            cr_assert (s_bits_eq (o + t * ldo + c, o2 + t * ldo + c, 1),
+                       "n_tok %zu k %zu dim %zu acc %d: out[%zu][%zu] = %.9g, scale/add sequence %.9g",
+                       n_tok, kk, dim, acc, t, c, (double) o[t * ldo + c], (double) o2[t * ldo + c]);
+    if (holes && n_tok > 1 && !acc)
+        for (size_t c = 0; c < dim; c++) cr_assert_eq (o[ldo + c], 0.f, "a token with no choice: zeros");
+    free (ids);
+    free (row);
+    free (src);
+    free (y);
+    free (y2);
+    free (w);
+    free (o);
+    free (o2);
+}
+
+Test (kcpu, moe_combine_equals_scale_add_sequence, .timeout = 120)
+{
+    for (int th = 1; th <= 3; th += 2) {
+        void *be = s_create ("auto", th);
+        for (int acc = 0; acc < 2; acc++) {
+            s_check_combine (be, 200, 3, 700, acc, 0);    /* many rows; two column blocks */
+            s_check_combine (be, 37, 8, 1025, acc, 1);    /* left-out choices, odd width */
+            s_check_combine (be, 9, 1, 64, acc, 0);       /* k = 1 */
+            s_check_combine (be, 9, 1, 64, acc, 1);
+            s_check_combine (be, 1, 4, 5, acc, 0);
+        }
+        K->destroy (be);
+    }
+}
+
+Test (kcpu, moe_ops_errors)
+{
+    void *be = s_create ("auto", 2);
+    struct rx_err err = { 0 };
+    int32_t ids[4] = { 0, 1, 1, 0 }, off[3], row[4], src[4];
+    float x[4 * 64] = { 0 }, y[4 * 64], w4[4] = { 1, 1, 1, 1 };
+#define S_BAD(call, op, what)                                                                  \
+    do {                                                                                       \
+        memset (&err, 0, sizeof err);                                                          \
+        cr_assert_eq ((call), RX_EINVAL, "%s: %s accepted", op, what);                         \
+        cr_assert (strstr (err.msg, op) && strstr (err.msg, "kernels-cpu"), "%s: %s", what, err.msg); \
+    } while (0)
+    S_BAD (K->moe_sort (be, NULL, ids, 2, 0, 2, off, row, src, &err), "moe_sort", "k = 0");
+    S_BAD (K->moe_sort (be, NULL, ids, 2, 2, 0, off, row, src, &err), "moe_sort", "n_expert 0");
+    S_BAD (K->moe_sort (be, NULL, ids, 2, 2, 2, NULL, row, src, &err), "moe_sort", "offsets NULL");
+    S_BAD (K->moe_sort (be, NULL, NULL, 2, 2, 2, off, row, src, &err), "moe_sort", "ids NULL");
+    S_BAD (K->moe_sort (be, NULL, ids, 2, 2, 2, off, NULL, src, &err), "moe_sort", "row NULL");
+    S_BAD (K->moe_sort (be, NULL, ids, 2, 2, 2, off, row, NULL, &err), "moe_sort", "src NULL");
+    S_BAD (K->moe_sort (be, NULL, ids, (size_t) 1 << 30, 4, 2, off, row, src, &err), "moe_sort", "overflow");
+    S_BAD (K->moe_sort (be, NULL, NULL, 0, 2, 2, NULL, NULL, NULL, &err), "moe_sort", "n_tok 0, offsets NULL");
+    S_BAD (K->moe_sort (be, (rx_kstream_t *) x, ids, 2, 2, 2, off, row, src, &err), "moe_sort", "bad stream");
+    cr_assert_eq (K->moe_sort (be, NULL, ids, 2, 2, 2, off, row, src, &err), RX_OK, "%s", err.msg);
+
+    S_BAD (K->gather_rows (be, NULL, NULL, 64, row, 4, 64, y, 64, &err), "gather_rows", "x NULL");
+    S_BAD (K->gather_rows (be, NULL, x, 64, NULL, 4, 64, y, 64, &err), "gather_rows", "idx NULL");
+    S_BAD (K->gather_rows (be, NULL, x, 64, row, 4, 64, NULL, 64, &err), "gather_rows", "y NULL");
+    S_BAD (K->gather_rows (be, NULL, x, 63, row, 1, 64, y, 64, &err), "gather_rows", "ldx < dim");
+    S_BAD (K->gather_rows (be, NULL, x, 64, row, 4, 64, y, 63, &err), "gather_rows", "ldy < dim");
+    cr_assert_eq (K->gather_rows (be, NULL, x, 64, row, 4, 64, y, 64, &err), RX_OK, "%s", err.msg);
+
+    uint8_t *wd = s_rand_weights (RX_F32, 64, 8 * 2);
+    rx_kweight_t *w2 = s_weight (be, RX_F32, wd, 64, 8, 1), *w3 = s_weight (be, RX_F32, wd, 64, 8, 2);
+    S_BAD (K->matmul_grouped (be, NULL, w2, off, 0, x, 64, y, 8, 4, 0, &err), "matmul_grouped", "2-D weight");
+    cr_assert (strstr (err.msg, "3-D"), "%s", err.msg);
+    S_BAD (K->matmul_grouped (be, NULL, (rx_kweight_t *) x, off, 0, x, 64, y, 8, 4, 0, &err), "matmul_grouped", "not a weight");
+    S_BAD (K->matmul_grouped (be, NULL, w3, off, 0, x, 64, y, 8, 4, 0x10, &err), "matmul_grouped", "flags");
+    S_BAD (K->matmul_grouped (be, NULL, w3, off, 0, x, 63, y, 8, 4, 0, &err), "matmul_grouped", "ldx < in");
+    S_BAD (K->matmul_grouped (be, NULL, w3, off, 0, x, 64, y, 7, 4, 0, &err), "matmul_grouped", "ldy < out");
+    S_BAD (K->matmul_grouped (be, NULL, w3, off, 0, NULL, 64, y, 8, 4, 0, &err), "matmul_grouped", "x NULL");
+    S_BAD (K->matmul_grouped (be, NULL, w3, off, 0, x, 64, NULL, 8, 4, 0, &err), "matmul_grouped", "y NULL");
+    S_BAD (K->matmul_grouped (be, NULL, w3, NULL, 0, x, 64, y, 8, 4, 0, &err), "matmul_grouped", "offsets NULL");
+    int32_t bo[3] = { 1, 2, 4 };
+    S_BAD (K->matmul_grouped (be, NULL, w3, bo, 0, x, 64, y, 8, 4, 0, &err), "matmul_grouped", "offsets[0] = 1");
+    cr_assert (strstr (err.msg, "offsets[0]"), "%s", err.msg);
+    bo[0] = 0;
+    bo[2] = 1;
+    S_BAD (K->matmul_grouped (be, NULL, w3, bo, 0, x, 64, y, 8, 4, 0, &err), "matmul_grouped", "decreasing");
+    cr_assert (strstr (err.msg, "offsets[2] = 1"), "names the entry: %s", err.msg);
+    bo[1] = -3;
+    S_BAD (K->matmul_grouped (be, NULL, w3, bo, 0, x, 64, y, 8, 4, 0, &err), "matmul_grouped", "negative");
+    cr_assert (strstr (err.msg, "offsets[1] = -3"), "names the entry: %s", err.msg);
+    cr_assert_eq (K->matmul_grouped (be, NULL, w3, NULL, 0, NULL, 64, NULL, 8, 0, 0, &err), RX_OK, "n = 0: %s", err.msg);
+    cr_assert_eq (K->matmul_grouped (be, NULL, w3, off, 0, x, 64, y, 8, 4, 0, &err), RX_OK, "%s", err.msg);
+
+    S_BAD (K->moe_combine (be, NULL, x, 64, row, w4, 2, 0, 64, y, 64, 0, &err), "moe_combine", "k = 0");
+    S_BAD (K->moe_combine (be, NULL, x, 64, row, w4, 2, 2, 64, y, 64, 2, &err), "moe_combine", "flags");
+    S_BAD (K->moe_combine (be, NULL, NULL, 64, row, w4, 2, 2, 64, y, 64, 0, &err), "moe_combine", "y NULL");
+    S_BAD (K->moe_combine (be, NULL, x, 64, NULL, w4, 2, 2, 64, y, 64, 0, &err), "moe_combine", "row NULL");
+    S_BAD (K->moe_combine (be, NULL, x, 64, row, NULL, 2, 2, 64, y, 64, 0, &err), "moe_combine", "w NULL");
+    S_BAD (K->moe_combine (be, NULL, x, 64, row, w4, 2, 2, 64, NULL, 64, 0, &err), "moe_combine", "out NULL");
+    S_BAD (K->moe_combine (be, NULL, x, 63, row, w4, 1, 2, 64, y, 64, 0, &err), "moe_combine", "ldy < dim");
+    S_BAD (K->moe_combine (be, NULL, x, 64, row, w4, 2, 2, 64, y, 63, 0, &err), "moe_combine", "ldo < dim");
+    cr_assert_eq (K->moe_combine (be, NULL, NULL, 0, NULL, NULL, 0, 2, 64, NULL, 0, 0, &err), RX_OK, "n_tok 0");
+    cr_assert_eq (K->moe_combine (be, NULL, x, 64, row, w4, 2, 2, 64, y, 64, 0, &err), RX_OK, "%s", err.msg);
+#undef S_BAD
+    K->weight_free (be, w2);
+    K->weight_free (be, w3);
+    free (wd);
+    K->destroy (be);
+}
+
+/* One MoE expert pass on the device (sort, gather, grouped matmul,
+ * combine) captured as a graph: nothing runs at capture; a launch gives
+ * what the eager ops give, with the routing in device memory at launch. */
+static void s_moe_pass (void *be, rx_kweight_t *kw, const float *dx, const int32_t *dids, const float *dw,
+                        int32_t *doff, int32_t *drow, int32_t *dsrc, float *dxs, float *dys, float *dout,
+                        size_t n_tok, size_t kk, size_t ne, size_t in, size_t out)
+{
+    struct rx_err err = { 0 };
+    const size_t n = n_tok * kk;
+    cr_assert_eq (K->moe_sort (be, NULL, dids, n_tok, kk, ne, doff, drow, dsrc, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (K->gather_rows (be, NULL, dx, in, dsrc, n, in, dxs, in, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (K->matmul_grouped (be, NULL, kw, doff, 0, dxs, in, dys, out, n, 0, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (K->moe_combine (be, NULL, dys, out, drow, dw, n_tok, kk, out, dout, out, 0, &err), RX_OK,
+                  "%s", err.msg);
+}
+
+Test (kcpu, moe_ops_in_emulated_graphs)
+{
+    void *be = s_create_x ("auto", 2, "graphs = true\n");
+    struct rx_err err = { 0 };
+    enum { T = 6, KK = 2, NE = 4, IN = 64, OUT = 16, NR = T * KK };
+    uint8_t *wd = s_rand_weights (RX_Q8_0, IN, (size_t) OUT * NE);
+    rx_kweight_t *kw = s_weight (be, RX_Q8_0, wd, IN, OUT, NE);
+    float *hx = s_randv (T * IN, 1.f), *hw = s_randv (NR, 0.5f);
+    int32_t hids[NR], hids2[NR];
+    for (int i = 0; i < NR; i++) {
+        hids[i] = (int32_t) (s_next () % NE);
+        hids2[i] = i == 3 ? -1 : (int32_t) ((i * 3 + 1) % NE);
+    }
+    float *dx, *dw, *dxs, *dys, *dout;
+    int32_t *dids, *doff, *drow, *dsrc;
+    cr_assert_eq (K->alloc (be, sizeof (float) * T * IN, 0, (void **) &dx, &err), RX_OK);
+    cr_assert_eq (K->alloc (be, sizeof (float) * NR, 0, (void **) &dw, &err), RX_OK);
+    cr_assert_eq (K->alloc (be, sizeof (float) * NR * IN, 0, (void **) &dxs, &err), RX_OK);
+    cr_assert_eq (K->alloc (be, sizeof (float) * NR * OUT, 0, (void **) &dys, &err), RX_OK);
+    cr_assert_eq (K->alloc (be, sizeof (float) * T * OUT, 0, (void **) &dout, &err), RX_OK);
+    cr_assert_eq (K->alloc (be, sizeof (int32_t) * NR, 0, (void **) &dids, &err), RX_OK);
+    cr_assert_eq (K->alloc (be, sizeof (int32_t) * (NE + 1), 0, (void **) &doff, &err), RX_OK);
+    cr_assert_eq (K->alloc (be, sizeof (int32_t) * NR, 0, (void **) &drow, &err), RX_OK);
+    cr_assert_eq (K->alloc (be, sizeof (int32_t) * NR, 0, (void **) &dsrc, &err), RX_OK);
+    cr_assert_eq (K->copy_h2d (be, NULL, dx, hx, sizeof (float) * T * IN, &err), RX_OK);
+    cr_assert_eq (K->copy_h2d (be, NULL, dw, hw, sizeof (float) * NR, &err), RX_OK);
+    float eager[2][T * OUT], got[T * OUT];
+    const int32_t *routes[2] = { hids, hids2 };
+    for (int r = 0; r < 2; r++) {
+        cr_assert_eq (K->copy_h2d (be, NULL, dids, routes[r], sizeof hids, &err), RX_OK);
+        s_moe_pass (be, kw, dx, dids, dw, doff, drow, dsrc, dxs, dys, dout, T, KK, NE, IN, OUT);
+        cr_assert_eq (K->copy_d2h (be, NULL, eager[r], dout, sizeof got, &err), RX_OK);
+    }
+    for (int i = 0; i < T * OUT; i++) cr_assert (isfinite (eager[0][i]) && isfinite (eager[1][i]));
+    cr_assert (!s_bits_eq (eager[0], eager[1], T * OUT), "the two routings differ");
+    /* capture the pass; it must not run */
+    cr_assert_eq (K->memset_ (be, NULL, dout, 0xff, sizeof got, &err), RX_OK);   /* NaN */
+    cr_assert_eq (K->memset_ (be, NULL, doff, 0xff, sizeof (int32_t) * (NE + 1), &err), RX_OK);
+    cr_assert_eq (K->copy_h2d (be, NULL, dids, hids, sizeof hids, &err), RX_OK);
+    cr_assert_eq (K->graph_begin (be, NULL, 31, &err), RX_OK, "%s", err.msg);
+    s_moe_pass (be, kw, dx, dids, dw, doff, drow, dsrc, dxs, dys, dout, T, KK, NE, IN, OUT);
+    cr_assert_eq (K->graph_end (be, NULL, 31, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (K->copy_d2h (be, NULL, got, dout, sizeof got, &err), RX_OK);
+    for (int i = 0; i < T * OUT; i++) cr_assert (isnan (got[i]), "capture ran nothing");
+    for (int r = 0; r < 2; r++) {
+        cr_assert_eq (K->copy_h2d (be, NULL, dids, routes[r], sizeof hids, &err), RX_OK);
+        cr_assert_eq (K->memset_ (be, NULL, dout, 0xff, sizeof got, &err), RX_OK);
+        cr_assert_eq (K->graph_launch (be, NULL, 31, &err), RX_OK, "%s", err.msg);
+        cr_assert_eq (K->copy_d2h (be, NULL, got, dout, sizeof got, &err), RX_OK);
+        cr_assert (s_bits_eq (got, eager[r], T * OUT), "routing %d: replay differs from eager", r);
+    }
+    /* checks of captured offsets run at replay: bad offsets fail the launch */
+    int32_t bad[NE + 1] = { 0, 3, 2, 5, 6 };
+    cr_assert_eq (K->graph_begin (be, NULL, 32, &err), RX_OK);
+    cr_assert_eq (K->matmul_grouped (be, NULL, kw, doff, 0, dxs, IN, dys, OUT, NR, 0, &err), RX_OK);
+    cr_assert_eq (K->graph_end (be, NULL, 32, &err), RX_OK);
+    cr_assert_eq (K->copy_h2d (be, NULL, doff, bad, sizeof bad, &err), RX_OK);
+    cr_assert_eq (K->graph_launch (be, NULL, 32, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "matmul_grouped") && strstr (err.msg, "offsets[2]"), "%s", err.msg);
+    K->weight_free (be, kw);
+    K->destroy (be);
+    free (wd);
+    free (hx);
+    free (hw);
+}

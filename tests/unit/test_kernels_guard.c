@@ -353,6 +353,73 @@ Test (kguard, fault_message_names_the_cause)
     free (text);
 }
 
+/* The MoE expert pass of kernel ABI 1.3 (moe_sort, gather_rows,
+ * matmul_grouped, moe_combine) reads its routing and offsets inside the
+ * ops: guarded it gives what the unguarded instance gives on host memory,
+ * and a host routing array is refused. */
+static void s_moe_pass (void *be, const float *wv, const float *x, const int32_t *ids, const float *w,
+                        int32_t *off, int32_t *row, int32_t *src, float *xs, float *ys, float *out)
+{
+    enum { T = 5, KK = 2, NE = 3, IN = 8, OUT = 6 };
+    struct rx_err err = { 0 };
+    struct rx_weight_view v = { .name = "ffn_up_exps", .dtype = RX_F32, .n_dims = 3,
+                                .ne = { IN, OUT, NE, 1 }, .data = wv, .nbytes = IN * OUT * NE * sizeof (float) };
+    rx_kweight_t *kw = NULL;
+    cr_assert_eq (K->weight_load (be, &v, &kw, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (K->moe_sort (be, NULL, ids, T, KK, NE, off, row, src, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (K->gather_rows (be, NULL, x, IN, src, T * KK, IN, xs, IN, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (K->matmul_grouped (be, NULL, kw, off, 0, xs, IN, ys, OUT, T * KK, 0, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (K->moe_combine (be, NULL, ys, OUT, row, w, T, KK, OUT, out, OUT, 0, &err), RX_OK, "%s", err.msg);
+    K->weight_free (be, kw);
+}
+
+Test (kguard, moe_ops_work_guarded)
+{
+    enum { T = 5, KK = 2, NE = 3, IN = 8, OUT = 6, NR = T * KK };
+    float hwv[IN * OUT * NE], hx[T * IN], hw[NR], want[T * OUT], got[T * OUT];
+    int32_t hids[NR] = { 0, 2, 1, 1, 2, -1, 0, 2, 1, 0 };
+    for (int i = 0; i < IN * OUT * NE; i++) hwv[i] = (float) ((i * 7) % 11) * 0.25f - 1.f;
+    for (int i = 0; i < T * IN; i++) hx[i] = (float) ((i * 5) % 13) * 0.5f - 3.f;
+    for (int i = 0; i < NR; i++) hw[i] = 0.1f * (float) (i + 1);
+    /* unguarded, on host memory */
+    void *be = s_create (NULL);
+    int32_t off[NE + 1], row[NR], src[NR];
+    float xs[NR * IN], ys[NR * OUT];
+    s_moe_pass (be, hwv, hx, hids, hw, off, row, src, xs, ys, want);
+    K->destroy (be);
+    /* guarded, on device memory */
+    be = s_create ("guard_device_memory = true\n");
+    struct rx_err err = { 0 };
+    float *dx, *dw, *dxs, *dys, *dout;
+    int32_t *dids, *doff, *drow, *dsrc;
+    cr_assert_eq (K->alloc (be, sizeof hx, 0, (void **) &dx, &err), RX_OK);
+    cr_assert_eq (K->alloc (be, sizeof hw, 0, (void **) &dw, &err), RX_OK);
+    cr_assert_eq (K->alloc (be, sizeof xs, 0, (void **) &dxs, &err), RX_OK);
+    cr_assert_eq (K->alloc (be, sizeof ys, 0, (void **) &dys, &err), RX_OK);
+    cr_assert_eq (K->alloc (be, sizeof got, 0, (void **) &dout, &err), RX_OK);
+    cr_assert_eq (K->alloc (be, sizeof hids, 0, (void **) &dids, &err), RX_OK);
+    cr_assert_eq (K->alloc (be, sizeof off, 0, (void **) &doff, &err), RX_OK);
+    cr_assert_eq (K->alloc (be, sizeof row, 0, (void **) &drow, &err), RX_OK);
+    cr_assert_eq (K->alloc (be, sizeof src, 0, (void **) &dsrc, &err), RX_OK);
+    cr_assert_eq (K->copy_h2d (be, NULL, dx, hx, sizeof hx, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (K->copy_h2d (be, NULL, dw, hw, sizeof hw, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (K->copy_h2d (be, NULL, dids, hids, sizeof hids, &err), RX_OK, "%s", err.msg);
+    s_moe_pass (be, hwv, dx, dids, dw, doff, drow, dsrc, dxs, dys, dout);
+    cr_assert_eq (K->copy_d2h (be, NULL, got, dout, sizeof got, &err), RX_OK, "%s", err.msg);
+    cr_assert (memcmp (got, want, sizeof got) == 0, "guarded MoE pass differs from unguarded");
+    int nonzero = 0;
+    for (int i = 0; i < T * OUT; i++) nonzero += got[i] != 0.f;
+    cr_assert_gt (nonzero, T * OUT / 2, "the pass computed something");
+    /* host arrays handed to the ops */
+    cr_assert_eq (K->moe_sort (be, NULL, hids, T, KK, NE, doff, drow, dsrc, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "moe_sort") && strstr (err.msg, "ids = "), "%s", err.msg);
+    cr_assert_eq (K->gather_rows (be, NULL, dx, IN, src, NR, IN, dxs, IN, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "gather_rows") && strstr (err.msg, "not device memory"), "%s", err.msg);
+    cr_assert_eq (K->moe_combine (be, NULL, dys, OUT, drow, dw, T, KK, OUT, got, OUT, 0, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "moe_combine") && strstr (err.msg, "out = "), "%s", err.msg);
+    K->destroy (be);
+}
+
 /* Off (the default): host-visible, a host read works. */
 Test (kguard, unguarded_is_host_visible)
 {
