@@ -10,6 +10,15 @@
  * kernel ABI has no indexed gather yet; on the CPU backend a copy2d is a
  * plain function call, so per-row copies cost little).
  *
+ * Device sort (radix/moe.h RX_MOE_ROUTED_DEVICE): when the caller asks
+ * for it and the backend has the ABI 1.3 ops moe_sort, gather_rows and
+ * moe_combine, dispatch runs the same counting sort on the device (moe_sort,
+ * then one gather_rows of the token rows) and combine is one moe_combine
+ * with the same order of float operations: the results are bit for bit
+ * those of the host path, without a copy to the host or a synchronize.
+ * The weights are copied to the instance (copy_d2d) so that the caller's
+ * buffer may change before combine, as on the host path.
+ *
  * combine: out[t] = w[t][0] y(t,0) + w[t][1] y(t,1) + .. in choice order,
  * then `=` or `+=` into out.  With the kernel ops of radix/kernel.h 1.0
  * (no axpy) each contribution is scaled in place in routed.y (scale), the
@@ -19,7 +28,9 @@
  * calls); a GPU backend wants gather/scatter ops appended to kernel.h.
  *
  * Memory: routed.x / routed.y are one device allocation of 2 x max_tokens
- * x k x n_embd floats made at create; the host arrays (ids, weights, the
+ * x k x n_embd floats made at create (plus, for the device sort, the
+ * offsets, the row maps and the weights: (n_expert + 1) + 3 x max_tokens x
+ * k four-byte values); the host arrays (ids, weights, the
  * row of each choice, offsets) are sized from max_tokens x k at create
  * too, so dispatch allocates nothing.  Thread-safety: see radix/moe.h. */
 #include <stdint.h>
@@ -51,6 +62,13 @@ struct ml {
     int32_t *fill;              /* [n_expert]: next free row per expert */
 
     int32_t n_tok;              /* of the last dispatch; -1 = none yet */
+
+    /* Device sort (see the header): NULL when the backend lacks the ops. */
+    int32_t *d_off;             /* [n_expert + 1] */
+    int32_t *d_row;             /* [max_tokens * k]: routed row of choice (t, j) */
+    int32_t *d_src;             /* [max_tokens * k]: token of routed row r */
+    float *d_w;                 /* [max_tokens * k]: the dispatch's weights */
+    int dev;                    /* the last dispatch sorted on the device */
 
     /* The asynchronous halves (see s_dispatch_start). */
     int pend;
@@ -118,17 +136,27 @@ static int s_create (const struct rx_host *host, const struct rx_moe_config *cfg
     m->max_tokens = cfg->max_tokens;
     m->n_tok = -1;
 
+    const int dev = RX_HAS (struct rx_kernels_ops, K, moe_combine) && K->moe_sort && K->gather_rows
+                    && K->moe_combine && K->copy_d2d;
+    const size_t dev_words = dev ? (size_t) cfg->n_expert + 1 + 3 * R : 0;
+    const size_t dbytes = 2 * R * E * sizeof (float) + dev_words * 4;
     void *d;
-    int rc = K->alloc (m->be, 2 * R * E * sizeof (float), 64, &d, err);
+    int rc = K->alloc (m->be, dbytes, 64, &d, err);
     if (rc != RX_OK) {
         s_destroy (m);
         return rx_err_set (err, rc, "moe-local: cannot allocate %.1f MiB for %d tokens x %d choices x %d floats",
-                           (double) (2 * R * E * sizeof (float)) / (1024.0 * 1024.0), cfg->max_tokens,
-                           cfg->n_expert_used, cfg->n_embd);
+                           (double) dbytes / (1024.0 * 1024.0), cfg->max_tokens, cfg->n_expert_used,
+                           cfg->n_embd);
     }
     m->dmem = d;
     m->rx = d;
     m->ry = m->rx + R * E;
+    if (dev) {
+        m->d_w = m->ry + R * E;
+        m->d_row = (int32_t *) (m->d_w + R);
+        m->d_src = m->d_row + R;
+        m->d_off = m->d_src + R;
+    }
     size_t hbytes = R * (3 * sizeof (int32_t) + sizeof (float))
                     + (2 * (size_t) cfg->n_expert + 1) * sizeof (int32_t);
     if (!(m->hmem = host->alloc (host, hbytes, 64))) {
@@ -169,6 +197,25 @@ static int s_dispatch (void *p, const float *x, size_t ldx, int32_t n_tok, const
                            routed->struct_size);
     const int32_t k = m->k, NE = m->n_expert;
     const size_t n = (size_t) n_tok * (size_t) k, E = (size_t) m->n_embd;
+    const int want_dev = routed->struct_size >= offsetof (struct rx_moe_routed, d_offsets) + sizeof routed->d_offsets
+                         && (routed->flags & RX_MOE_ROUTED_DEVICE);
+    m->dev = 0;
+    if (want_dev && m->d_off) {
+        /* The same stable sort on the device (see the header). */
+        if (n > 0) ML_TRY (m->K->copy_d2d (m->be, m->st, m->d_w, w, n * sizeof (float), err));
+        ML_TRY (m->K->moe_sort (m->be, m->st, ids, (size_t) n_tok, (size_t) k, (size_t) NE, m->d_off,
+                                m->d_row, m->d_src, err));
+        if (n > 0) ML_TRY (m->K->gather_rows (m->be, m->st, x, ldx, m->d_src, n, E, m->rx, E, err));
+        struct rx_moe_routed o = {
+            .struct_size = routed->struct_size, .first_expert = 0, .n_local_expert = NE,
+            .offsets = NULL, .n_rows = (int32_t) n, .x = m->rx, .y = m->ry,
+            .flags = routed->flags, .d_offsets = m->d_off,
+        };
+        memcpy (routed, &o, sizeof o);
+        m->dev = 1;
+        m->n_tok = n_tok;
+        return RX_OK;
+    }
     if (n > 0) {
         ML_TRY (m->K->copy_d2h (m->be, m->st, m->ids, ids, n * sizeof *m->ids, err));
         ML_TRY (m->K->copy_d2h (m->be, m->st, m->w, w, n * sizeof *m->w, err));
@@ -229,6 +276,9 @@ static int s_combine (void *p, float *out, size_t ldo, uint32_t flags, struct rx
     if (flags & ~RX_MM_ACCUMULATE)
         return rx_err_set (err, RX_EINVAL, "moe-local: combine: unknown flags 0x%x", flags);
     const struct rx_kernels_ops *K = m->K;
+    if (m->dev)
+        return K->moe_combine (m->be, m->st, m->ry, E, m->d_row, m->d_w, (size_t) n_tok, (size_t) k, E, out,
+                               ldo, flags, err);
     for (int32_t t = 0; t < n_tok; t++) {
         const int32_t *row = m->row + (size_t) t * k;
         const float *w = m->w + (size_t) t * k;

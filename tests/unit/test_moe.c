@@ -351,3 +351,118 @@ Test (moe_local, bad_configs)
     e.M->destroy (NULL);
     s_close (&e);
 }
+
+/* RX_MOE_ROUTED_DEVICE (radix/moe.h): with the backend's ABI 1.3 ops
+ * moe-local sorts on the device.  Against a second instance on the host
+ * path, over the same routing: offsets only on the device (the same as the
+ * host's), the same routed rows, and combine's outputs bit for bit equal,
+ * = and +=.  A choice outside the experts is left out on the device path
+ * (the host path refuses it).  On an ABI 1.0 view of the backend (no such
+ * ops) the flag is ignored: host offsets, d_offsets NULL. */
+Test (moe_local, device_sort_equals_the_host_path)
+{
+    struct env e;
+    s_open (&e);
+    cr_assert (RX_HAS (struct rx_kernels_ops, e.K, moe_combine), "kernels-cpu has the ABI 1.3 MoE ops");
+    struct rx_err err = { 0 };
+    const int NE = 6, k = 2, E = 20, T = 16;
+    struct rx_moe_config c = s_cfg (&e, NE, k, E, T);
+    void *moe[2];
+    for (int i = 0; i < 2; i++) cr_assert_eq (e.M->create (e.mh, &c, &moe[i], &err), RX_OK, "%s", err.msg);
+    int32_t ids[16 * 2];
+    float w[16 * 2], x[16 * 20];
+    for (int round = 0; round < 3; round++) {
+        const int n = round == 2 ? 1 : 13 + round;
+        s_random_routing (NE, k, n, ids, w);
+        for (int i = 0; i < n * E; i++) x[i] = (float) ((int) (s_rand () % 2001) - 1000) / 300.0f;
+        float *dx = s_dev (&e, sizeof x, x);
+        int32_t *dids = s_dev (&e, sizeof ids, ids);
+        float *dw = s_dev (&e, sizeof w, w);
+        struct rx_moe_routed r[2] = { { .struct_size = sizeof r[0], .flags = RX_MOE_ROUTED_DEVICE },
+                                      { .struct_size = sizeof r[1] } };
+        float got[2][16 * 20];
+        for (int i = 0; i < 2; i++) {
+            cr_assert_eq (e.M->dispatch (moe[i], dx, E, n, dids, dw, &r[i], &err), RX_OK, "%s", err.msg);
+            /* Play expert e on the routed rows: y = 2x + e (host offsets for both). */
+            float rows[32 * 20];
+            s_get (&e, rows, r[i].x, (size_t) n * k * E * sizeof (float));
+            const int32_t *off = r[1].offsets;
+            if (i == 0) {
+                cr_assert_null (r[0].offsets, "device path: no host offsets");
+                cr_assert_not_null (r[0].d_offsets);
+                cr_assert_eq (r[0].n_rows, n * k);
+                continue;
+            }
+            cr_assert_null (r[1].d_offsets, "host path: no device offsets");
+            int32_t doff[7];
+            s_get (&e, doff, r[0].d_offsets, sizeof doff);
+            cr_assert (!memcmp (doff, off, sizeof doff), "round %d: device offsets equal the host's", round);
+            float rows0[32 * 20];
+            s_get (&e, rows0, r[0].x, (size_t) n * k * E * sizeof (float));
+            cr_assert (!memcmp (rows0, rows, (size_t) n * k * E * sizeof (float)), "round %d: routed rows", round);
+            for (int ex = 0; ex < NE; ex++)
+                for (int row = off[ex]; row < off[ex + 1]; row++)
+                    for (int col = 0; col < E; col++)
+                        rows[row * E + col] = 2.0f * rows[row * E + col] + (float) ex * 0.37f;
+            for (int j = 0; j < 2; j++)
+                cr_assert_eq (e.K->copy_h2d (e.be, NULL, r[j].y, rows, (size_t) n * k * E * sizeof (float), &err),
+                              RX_OK);
+        }
+        for (int i = 0; i < 2; i++) {
+            for (int q = 0; q < n * E; q++) got[i][q] = (float) q * 0.01f;
+            float *dout = s_dev (&e, (size_t) n * E * sizeof (float), got[i]);
+            cr_assert_eq (e.M->combine (moe[i], dout, E, round == 1 ? RX_MM_ACCUMULATE : 0, &err), RX_OK, "%s",
+                          err.msg);
+            s_get (&e, got[i], dout, (size_t) n * E * sizeof (float));
+            e.K->free_ (e.be, dout);
+        }
+        cr_assert (!memcmp (got[0], got[1], (size_t) n * E * sizeof (float)), "round %d: combine bit for bit", round);
+        e.K->free_ (e.be, dx);
+        e.K->free_ (e.be, dids);
+        e.K->free_ (e.be, dw);
+    }
+
+    /* An id outside the experts: left out on the device, refused on the host. */
+    int32_t bad[2] = { 1, NE + 3 };
+    float bw[2] = { 0.5f, 0.5f }, bx[20], one[20];
+    for (int col = 0; col < E; col++) bx[col] = (float) col;
+    float *dx = s_dev (&e, sizeof bx, bx), *dw = s_dev (&e, sizeof bw, bw);
+    int32_t *dids = s_dev (&e, sizeof bad, bad);
+    struct rx_moe_routed r = { .struct_size = sizeof r, .flags = RX_MOE_ROUTED_DEVICE };
+    cr_assert_eq (e.M->dispatch (moe[0], dx, E, 1, dids, dw, &r, &err), RX_OK, "%s", err.msg);
+    int32_t doff[7];
+    s_get (&e, doff, r.d_offsets, sizeof doff);
+    cr_assert_eq (doff[NE], 1, "one valid choice");
+    cr_assert_eq (doff[2] - doff[1], 1, "expert 1 has it");
+    cr_assert_eq (e.K->copy_h2d (e.be, NULL, r.y, bx, sizeof bx, &err), RX_OK);   /* expert = identity */
+    float *dout = s_dev (&e, sizeof one, NULL);
+    cr_assert_eq (e.M->combine (moe[0], dout, E, 0, &err), RX_OK, "%s", err.msg);
+    s_get (&e, one, dout, sizeof one);
+    for (int col = 0; col < E; col++) cr_assert_eq (one[col], 0.5f * (float) col, "column %d: only the valid choice", col);
+    struct rx_moe_routed rh = { .struct_size = sizeof rh };
+    cr_assert_eq (e.M->dispatch (moe[1], dx, E, 1, dids, dw, &rh, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "expert id 9"), "%s", err.msg);
+    for (int i = 0; i < 2; i++) e.M->destroy (moe[i]);
+
+    /* An ABI 1.0 backend: the flag is ignored. */
+    struct rx_kernels_ops K10;
+    memcpy (&K10, e.K, RX_KERNELS_OPS_SIZE_1_0);
+    K10.struct_size = (uint32_t) RX_KERNELS_OPS_SIZE_1_0;
+    c.kops = &K10;
+    void *m10;
+    cr_assert_eq (e.M->create (e.mh, &c, &m10, &err), RX_OK, "%s", err.msg);
+    int32_t good[2] = { 1, 4 };
+    cr_assert_eq (e.K->copy_h2d (e.be, NULL, dids, good, sizeof good, &err), RX_OK);
+    struct rx_moe_routed r10 = { .struct_size = sizeof r10, .flags = RX_MOE_ROUTED_DEVICE };
+    cr_assert_eq (e.M->dispatch (m10, dx, E, 1, dids, dw, &r10, &err), RX_OK, "%s", err.msg);
+    cr_assert_not_null (r10.offsets, "host offsets");
+    cr_assert_null (r10.d_offsets, "no device offsets without the ops");
+    cr_assert_eq (r10.offsets[NE], 2);
+    cr_assert_eq (e.M->combine (m10, dout, E, 0, &err), RX_OK, "%s", err.msg);
+    e.M->destroy (m10);
+    e.K->free_ (e.be, dout);
+    e.K->free_ (e.be, dx);
+    e.K->free_ (e.be, dids);
+    e.K->free_ (e.be, dw);
+    s_close (&e);
+}
