@@ -965,7 +965,11 @@ int rx_engine_forward_ids (rx_engine_t *e, const struct rx_model_batch *b, float
         e->cap_out = n_out;
     }
     struct rx_model_batch mb = *b;
+    mb.struct_size = sizeof mb;
     mb.logits = n_out > 0 ? e->d_logits : NULL;
+    /* The model copies its expert choices to the host only when somebody
+     * reads the counts (recording on, or EPLB rebalance). */
+    mb.count_experts = rx_eplb_rt_counting (e->eplb);
     int rc = e->M->forward (e->model, &mb, err);
     if (rc == RX_OK && n_out > 0 && ids) {
         /* The argmax on the device: a greedy row needs 4 bytes, not its

@@ -369,6 +369,11 @@ static int s_rebalance (rx_eplb_rt_t *rt, struct rx_err *err)
     return RX_OK;
 }
 
+int rx_eplb_rt_counting (const rx_eplb_rt_t *rt)
+{
+    return rt && rt->win && (rt->interval > 0 || rt->user_on);
+}
+
 int rx_eplb_rt_step (rx_eplb_rt_t *rt, struct rx_err *err)
 {
     if (!rt) return RX_OK;

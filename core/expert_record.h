@@ -110,6 +110,10 @@ struct rx_eplb_rt_attach {
  * ([eplb] init_expert_location; errors name the file).  A model that does
  * not report n_moe_layer (an older plugin) leaves recording off. */
 int rx_eplb_rt_start (rx_eplb_rt_t *rt, const struct rx_eplb_rt_attach *a, struct rx_err *err);
+/* Whether the next forward's expert counts are read (recording started or
+ * rebalance on): the engine tells the model (rx_model_batch.count_experts),
+ * which otherwise skips the host copy of its routing.  NULL: 0. */
+int rx_eplb_rt_counting (const rx_eplb_rt_t *rt);
 /* After every successful forward pass (idle ones included). */
 int rx_eplb_rt_step (rx_eplb_rt_t *rt, struct rx_err *err);
 /* An HTTP control; msg gets one line for the client (the dump's path). */

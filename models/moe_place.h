@@ -44,7 +44,22 @@ struct rx_moe_place {
     int32_t count_layers, count_experts;
     int32_t *ids_h;                      /* host scratch for device ids [cap] */
     size_t cap;
+    int on;                              /* count this step (rx_moe_place_step) */
 };
+
+/* At the start of each forward: whether this step's choices are counted
+ * (rx_model_batch.count_experts; a batch without the member: yes). */
+static inline void rx_moe_place_step (struct rx_moe_place *mp, const struct rx_model_batch *b)
+{
+    mp->on = b->struct_size >= offsetof (struct rx_model_batch, count_experts) + sizeof b->count_experts
+                 ? b->count_experts != 0 : 1;
+}
+
+/* Whether this step counts the choices (a host copy of the ids). */
+static inline int rx_moe_place_counting (const struct rx_moe_place *mp)
+{
+    return mp->count && mp->on;
+}
 
 /* From the env at create.  n_moe_layer / n_expert: the model's; an array
  * too small for them is RX_EINVAL. */
@@ -56,6 +71,7 @@ static inline int rx_moe_place_init (struct rx_moe_place *mp, const char *who,
     mp->count = NULL;
     mp->ids_h = NULL;
     mp->cap = 0;
+    mp->on = 1;
     if (env->struct_size < offsetof (struct rx_model_env, expert_count_experts) + sizeof (int32_t)
         || !env->expert_count || n_moe_layer <= 0)
         return RX_OK;
@@ -130,7 +146,7 @@ static inline int rx_moe_place_reserve (struct rx_moe_place *mp, const char *who
 static inline void rx_moe_place_count (const struct rx_moe_place *mp, int32_t l, const int32_t *ids,
                                        size_t n, size_t k)
 {
-    if (!mp->count || l < 0 || l >= mp->count_layers) return;
+    if (!rx_moe_place_counting (mp) || l < 0 || l >= mp->count_layers) return;
     int64_t *row = mp->count + (size_t) l * (size_t) mp->count_experts;
     for (size_t i = 0; i < n * k; i++)
         if (ids[i] >= 0 && ids[i] < mp->count_experts) row[ids[i]]++;
@@ -159,7 +175,7 @@ static inline int rx_moe_place_route (struct rx_moe_place *mp, const struct rx_k
                                       int32_t *ids_dev, size_t n, size_t k, int32_t rank,
                                       struct rx_err *err)
 {
-    if ((!mp->count && !mp->pl) || n == 0) return RX_OK;
+    if ((!rx_moe_place_counting (mp) && !mp->pl) || n == 0) return RX_OK;
     if (n * k > mp->cap)
         return rx_err_set (err, RX_ERANGE, "moe placement: %zu ids, scratch for %zu", n * k, mp->cap);
     const struct rx_kernels_ops *K = kc->ops;

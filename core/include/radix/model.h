@@ -215,6 +215,11 @@ struct rx_model_batch {
                                        decoding -- so a graph-capable backend may replay a
                                        captured decode graph; 0 otherwise (prefill, and the
                                        engine's idle batch) */
+    int32_t        count_experts;   /* (ABI 1.3) 1: add this step's expert choices to the
+                                       env's expert_count array (expert recording or EPLB
+                                       rebalance is on); 0: nobody reads the counts this
+                                       step, skip them (an MoE layer then needs no host copy
+                                       of its routing).  A batch too short to hold it: 1 */
 };
 
 struct rx_model_ops {
