@@ -105,6 +105,7 @@
 
 #include "../batch.h"
 #include "../dp_ffn.h"
+#include "../moe_experts.h"
 #include "../moe_place.h"
 #include "../tbo.h"
 
@@ -969,7 +970,7 @@ static int s_moe_route (struct ds_model *m, const struct ds_layer *Y, size_t r0,
         DS_TRY (K->moe_route (be, st, probs, sel, NX, n, NX, groups ? (size_t) m->n_group : 1,
                               groups ? (size_t) m->n_group_used : 1, KK, m->w_norm, m->w_scale, dk, wts,
                               err));
-        if (!m->place.count && !m->place.pl) return RX_OK;
+        if (!rx_moe_place_counting (&m->place) && !m->place.pl) return RX_OK;
         DS_TRY (K->copy_d2h (be, st, hk, dk, n * KK * sizeof (int32_t), err));
         DS_TRY (K->synchronize (be, st, err));
         rx_moe_place_count (&m->place, ml, hk, n, KK);
@@ -1011,30 +1012,17 @@ static int s_moe_route (struct ds_model *m, const struct ds_layer *Y, size_t r0,
     return RX_OK;
 }
 
-/* The local experts over the rows a dispatch handed out: expert e's rows of
- * r->x through down(silu(gate_e x) * up_e x) into the same rows of r->y. */
+/* The local experts over the rows a dispatch handed out
+ * (models/moe_experts.h); gate/up hold T*K rows. */
 static int s_moe_experts (struct ds_model *m, const struct ds_layer *Y, const struct rx_moe_routed *r,
                           struct rx_err *err)
 {
-    const struct rx_kernels_ops *K = m->k.ops;
-    void *be = m->k.be;
-    rx_kstream_t *st = m->k.stream;
-    const size_t E = (size_t) m->n_embd, FE = (size_t) m->n_ff_exp,
-                 PR = (size_t) m->max_tokens * (size_t) m->n_used;
-    for (int32_t e = 0; e < r->n_local_expert; e++) {
-        int ge = rx_moe_place_logical (&m->place, (int32_t) (Y - m->layers) - m->n_dense, r->first_expert + e);
-        /* gate/up hold T*K rows: an expert with more (rows from every
-         * rank of an expert-parallel group) runs in pieces. */
-        for (size_t r0 = (size_t) r->offsets[e]; r0 < (size_t) r->offsets[e + 1]; r0 += PR) {
-            const size_t left = (size_t) r->offsets[e + 1] - r0, nr = left < PR ? left : PR;
-            const float *xr = r->x + r0 * E;
-            DS_TRY (K->matmul (be, st, Y->w_gate_exps, ge, xr, E, m->gate, FE, nr, 0, err));
-            DS_TRY (K->matmul (be, st, Y->w_up_exps, ge, xr, E, m->up, FE, nr, 0, err));
-            DS_TRY (K->swiglu (be, st, m->gate, FE, m->up, FE, m->gate, FE, nr, FE, err));
-            DS_TRY (K->matmul (be, st, Y->w_down_exps, ge, m->gate, FE, r->y + r0 * E, E, nr, 0, err));
-        }
-    }
-    return RX_OK;
+    const struct rx_moe_expert_w w = {
+        .gate = Y->w_gate_exps, .up = Y->w_up_exps, .down = Y->w_down_exps, .g = m->gate, .u = m->up,
+        .E = (size_t) m->n_embd, .FE = (size_t) m->n_ff_exp,
+        .piece = (size_t) m->max_tokens * (size_t) m->n_used,
+    };
+    return rx_moe_experts (&m->k, &m->place, (int32_t) (Y - m->layers) - m->n_dense, r, &w, err);
 }
 
 /* x += the shared experts of rows [r0, r0 + n) of h (this rank's own rows,
@@ -1071,6 +1059,7 @@ static int s_moe (struct ds_model *m, const struct ds_layer *Y, size_t n, size_t
         /* nc 0: this rank has no rows left but a peer has (DP attention). */
         const size_t nc = c0 >= n ? 0 : n - c0 < (size_t) m->moe_chunk ? n - c0 : (size_t) m->moe_chunk;
         struct rx_moe_routed r = { .struct_size = sizeof r };
+        if (rx_moe_experts_device (&m->k, &m->place, nc)) r.flags = RX_MOE_ROUTED_DEVICE;
         DS_TRY (m->moe_ops->dispatch (m->moe, m->h + c0 * E, E, (int32_t) nc, m->d_topk + c0 * KK,
                                       m->wts + c0 * KK, &r, err));
         DS_TRY (s_moe_experts (m, Y, &r, err));
@@ -1280,6 +1269,7 @@ static int s_forward (void *p, const struct rx_model_batch *b, struct rx_err *er
 {
     struct ds_model *m = p;
     int rc = s_check_batch (m, b, err);
+    if (rc == RX_OK) rx_moe_place_step (&m->place, b);
     int32_t M = 0;
     if (m->dp_attn && m->max_tokens > 0) {
         /* Every rank takes part in the count exchange, a refused batch

@@ -78,6 +78,7 @@
 
 #include "../batch.h"
 #include "../dp_ffn.h"
+#include "../moe_experts.h"
 #include "../moe_place.h"
 #include "../tbo.h"
 
@@ -91,6 +92,10 @@ struct ll_layer {
     const float *bq, *bk, *bv;                  /* device F32 biases or NULL */
     rx_kweight_t *wq, *wk, *wv, *wo;
     rx_kweight_t *w_gate, *w_up, *w_down;       /* dense FFN (NULL in an MoE layer) */
+    /* Fused projections ([model.llama] fuse_weights): Q, K and V rows in
+     * one weight (wq/wk/wv NULL), gate and up rows in one (w_gate/w_up
+     * NULL); NULL when not fused. */
+    rx_kweight_t *wqkv, *w_gu;
     /* MoE FFN (n_expert > 0): router [n_embd, n_expert], experts
      * [n_embd, n_ff_exp, n_expert] (gate, up) and [n_ff_exp, n_embd, n_expert] */
     rx_kweight_t *gate_inp, *gate_exps, *up_exps, *down_exps;
@@ -125,6 +130,8 @@ struct ll_model {
     void *moe;                                   /* dispatcher instance (reserve) */
     int32_t moe_chunk;                           /* its max_tokens: tokens per dispatch */
     struct rx_moe_place place;                   /* EPLB placement + recording (models/moe_place.h) */
+    int moe_dev_seen;                            /* the last dispatch that was asked for device
+                                                  * offsets gave them (models/moe_experts.h) */
     int32_t moe_n_phys;                          /* the dispatcher's n_expert (slots) */
 
     /* tensor parallelism (or DP attention when dp_attn) */
@@ -150,6 +157,8 @@ struct ll_model {
      * pointer, so they live until destroy (after the handles are freed). */
     void **copies;
     size_t n_copies, cap_copies;
+    int fuse;                                    /* [model.llama] fuse_weights, resolved */
+    int weight_copy;                             /* the backend has RX_KCAP_WEIGHT_COPY */
     uint64_t weight_bytes, n_params;
 
     /* reserve() */
@@ -353,6 +362,57 @@ static int s_weight_rows (struct ll_model *m, const struct rx_model_src *src, co
     v.ne[1] = (uint64_t) (r1 - r0);
     v.nbytes = (size_t) (r1 - r0) * rb;
     return s_load (m, src, name, &v, w, err);
+}
+
+/* One part of a fused weight: rows [r0, r1) of the [ne0, ne1] matrix name. */
+struct ll_part {
+    char name[96];
+    int64_t ne1, r0, r1;
+};
+
+/* The parts' rows one after another as one weight (output row i of the
+ * fused matmul is row i of that stack), from a host copy the model keeps
+ * until destroy -- or frees at once when the backend copies at load
+ * (RX_KCAP_WEIGHT_COPY).  RX_ENOTSUP, err untouched and *w NULL, when the
+ * parts' element types differ (a Q4_K_M file's V in Q6_K): the caller
+ * loads them one by one. */
+static int s_weight_fused (struct ll_model *m, const struct rx_model_src *src, const struct ll_part *p,
+                           int np, int64_t ne0, rx_kweight_t **w, struct rx_err *err)
+{
+    *w = NULL;
+    struct rx_weight_view v[3];
+    size_t bytes = 0;
+    uint64_t rows = 0;
+    for (int i = 0; i < np; i++) {
+        int rc = s_view (src, p[i].name, ne0, p[i].ne1, 0, &v[i], err);
+        if (rc != RX_OK) return rc;
+        if (v[i].dtype != v[0].dtype) return RX_ENOTSUP;
+        bytes += (size_t) (p[i].r1 - p[i].r0) * rx_dtype_row_bytes (v[i].dtype, (size_t) ne0);
+        rows += (uint64_t) (p[i].r1 - p[i].r0);
+    }
+    unsigned char *copy = m->host->alloc (m->host, bytes, 64);
+    if (!copy)
+        return rx_err_set (err, RX_ENOMEM, "model-llama: out of memory (fused %s, %zu bytes)", p[0].name, bytes);
+    size_t at = 0;
+    for (int i = 0; i < np; i++) {
+        size_t rb = rx_dtype_row_bytes (v[i].dtype, (size_t) ne0), n = (size_t) (p[i].r1 - p[i].r0) * rb;
+        memcpy (copy + at, (const unsigned char *) v[i].data + (size_t) p[i].r0 * rb, n);
+        at += n;
+    }
+    struct rx_weight_view f = v[0];
+    f.data = copy;
+    f.ne[1] = rows;
+    f.nbytes = bytes;
+    int rc = s_load (m, src, p[0].name, &f, w, err);
+    if (rc != RX_OK || m->weight_copy) {
+        m->host->free_ (m->host, copy);
+        return rc;
+    }
+    if ((rc = s_push (m, &m->copies, &m->n_copies, &m->cap_copies, copy, err)) != RX_OK) {
+        m->host->free_ (m->host, copy);
+        return rc;   /* the handle is in `owned`: destroy frees it */
+    }
+    return RX_OK;
 }
 
 /* Row-parallel: columns [c0, c1) of every row of the [ne0, ne1] matrix
@@ -584,6 +644,35 @@ static int s_hparams (struct ll_model *m, const struct rx_model_src *src, struct
     return RX_OK;
 }
 
+/* [model.llama] fuse_weights = auto | true | false (RADIX_LLAMA_FUSE=0|1
+ * overrides it, for the test matrix): load Q, K, V as one weight and gate,
+ * up as one, so a layer runs 3 matmuls and a rope call fewer -- kernel
+ * launches a GPU pays for at batch 1.  The results are the same: each
+ * output row is the same dot product.  auto = on for a backend that
+ * copies weights at load (a GPU); kernels-cpu maps the file without a
+ * copy, and a fused copy would only add memory. */
+static int s_fuse_mode (struct ll_model *m, struct rx_err *err)
+{
+    struct rx_kernels_info ki = { .struct_size = sizeof ki };
+    if (m->k.ops->info (m->k.be, &ki) == RX_OK) m->weight_copy = (ki.caps & RX_KCAP_WEIGHT_COPY) != 0;
+    const char *v = "auto";
+    if (m->host->cfg_str) {
+        int rc = m->host->cfg_str (m->host, "fuse_weights", &v);
+        if (rc == RX_ENOENT || !v) v = "auto";
+        else if (rc != RX_OK)
+            return rx_err_set (err, RX_ECONFIG, "model-llama: [model.llama] fuse_weights: invalid value (%s)",
+                               rx_status_name (rc));
+    }
+    const char *env = getenv ("RADIX_LLAMA_FUSE");
+    if (env && *env) v = strcmp (env, "0") == 0 ? "false" : "true";
+    if (strcmp (v, "auto") == 0) m->fuse = m->weight_copy;
+    else if (strcmp (v, "true") == 0) m->fuse = 1;
+    else if (strcmp (v, "false") == 0) m->fuse = 0;
+    else
+        return rx_err_set (err, RX_ECONFIG, "model-llama: [model.llama] fuse_weights = %s: use auto, true or false", v);
+    return RX_OK;
+}
+
 static int s_weights (struct ll_model *m, const struct rx_model_src *src, struct rx_err *err)
 {
     int rc;
@@ -629,9 +718,20 @@ static int s_weights (struct ll_model *m, const struct rx_model_src *src, struct
         char n[96];
 #define LL_NAME(suffix) (snprintf (n, sizeof n, "blk.%d." suffix, (int) l), n)
         if ((rc = s_vector (m, src, LL_NAME ("attn_norm.weight"), E, 0, &L->attn_norm, err))) return rc;
-        if ((rc = s_weight_rows (m, src, LL_NAME ("attn_q.weight"), E, nq, q0, q1, &L->wq, err))) return rc;
-        if ((rc = s_weight_rows (m, src, LL_NAME ("attn_k.weight"), E, nk, k0, k1, &L->wk, err))) return rc;
-        if ((rc = s_weight_rows (m, src, LL_NAME ("attn_v.weight"), E, nv_, v0, v1, &L->wv, err))) return rc;
+        rc = RX_ENOTSUP;
+        if (m->fuse) {
+            struct ll_part qkv[3] = { { "", nq, q0, q1 }, { "", nk, k0, k1 }, { "", nv_, v0, v1 } };
+            snprintf (qkv[0].name, sizeof qkv[0].name, "blk.%d.attn_q.weight", (int) l);
+            snprintf (qkv[1].name, sizeof qkv[1].name, "blk.%d.attn_k.weight", (int) l);
+            snprintf (qkv[2].name, sizeof qkv[2].name, "blk.%d.attn_v.weight", (int) l);
+            rc = s_weight_fused (m, src, qkv, 3, E, &L->wqkv, err);
+            if (rc != RX_OK && rc != RX_ENOTSUP) return rc;
+        }
+        if (rc == RX_ENOTSUP) {
+            if ((rc = s_weight_rows (m, src, LL_NAME ("attn_q.weight"), E, nq, q0, q1, &L->wq, err))) return rc;
+            if ((rc = s_weight_rows (m, src, LL_NAME ("attn_k.weight"), E, nk, k0, k1, &L->wk, err))) return rc;
+            if ((rc = s_weight_rows (m, src, LL_NAME ("attn_v.weight"), E, nv_, v0, v1, &L->wv, err))) return rc;
+        }
         if ((rc = s_vector_part (m, src, LL_NAME ("attn_q.bias"), nq, q0, q1, !bias, &L->bq, err))) return rc;
         if ((rc = s_vector_part (m, src, LL_NAME ("attn_k.bias"), nk, k0, k1, !bias, &L->bk, err))) return rc;
         if ((rc = s_vector_part (m, src, LL_NAME ("attn_v.bias"), nv_, v0, v1, !bias, &L->bv, err))) return rc;
@@ -645,8 +745,18 @@ static int s_weights (struct ll_model *m, const struct rx_model_src *src, struct
             if ((rc = s_weight3 (m, src, LL_NAME ("ffn_down_exps.weight"), FE, E, NE, &L->down_exps, err))) return rc;
             continue;
         }
-        if ((rc = s_weight_rows (m, src, LL_NAME ("ffn_gate.weight"), E, F, sp->f0, sp->f1, &L->w_gate, err))) return rc;
-        if ((rc = s_weight_rows (m, src, LL_NAME ("ffn_up.weight"), E, F, sp->f0, sp->f1, &L->w_up, err))) return rc;
+        rc = RX_ENOTSUP;
+        if (m->fuse && !m->dp_attn) {   /* DP attention's FFN (models/dp_ffn.h) takes gate and up apart */
+            struct ll_part gu[2] = { { "", F, sp->f0, sp->f1 }, { "", F, sp->f0, sp->f1 } };
+            snprintf (gu[0].name, sizeof gu[0].name, "blk.%d.ffn_gate.weight", (int) l);
+            snprintf (gu[1].name, sizeof gu[1].name, "blk.%d.ffn_up.weight", (int) l);
+            rc = s_weight_fused (m, src, gu, 2, E, &L->w_gu, err);
+            if (rc != RX_OK && rc != RX_ENOTSUP) return rc;
+        }
+        if (rc == RX_ENOTSUP) {
+            if ((rc = s_weight_rows (m, src, LL_NAME ("ffn_gate.weight"), E, F, sp->f0, sp->f1, &L->w_gate, err))) return rc;
+            if ((rc = s_weight_rows (m, src, LL_NAME ("ffn_up.weight"), E, F, sp->f0, sp->f1, &L->w_up, err))) return rc;
+        }
         if ((rc = s_weight_cols (m, src, LL_NAME ("ffn_down.weight"), F, E, sp->f0, sp->f1, &L->w_down, err))) return rc;
 #undef LL_NAME
     }
@@ -788,7 +898,8 @@ static int s_create (const struct rx_host *host, const struct rx_model_src *src,
     }
     m->tbo = env->struct_size >= offsetof (struct rx_model_env, two_batch_overlap) + sizeof env->two_batch_overlap
              && env->two_batch_overlap;
-    int rc = s_hparams (m, src, err);
+    int rc = s_fuse_mode (m, err);
+    if (rc == RX_OK) rc = s_hparams (m, src, err);
     if (rc == RX_OK) rc = s_split (m, src, err);
     if (rc == RX_OK) rc = s_weights (m, src, err);
     if (rc == RX_OK && m->n_expert > 0)
@@ -817,6 +928,15 @@ static int s_create (const struct rx_host *host, const struct rx_model_src *src,
              m->n_vocab, m->rope.mode == RX_ROPE_NEOX ? "neox" : "normal", m->rope.n_rot,
              (double) m->rope.freq_base, (double) m->rope.freq_scale,
              m->output == m->tok_embd ? "tied" : "separate");
+    if (m->fuse) {
+        int32_t nqkv = 0, ngu = 0;
+        for (int32_t l = 0; l < m->n_layer; l++) {
+            nqkv += m->layers[l].wqkv != NULL;
+            ngu += m->layers[l].w_gu != NULL;
+        }
+        RX_HLOG (host, RX_LOG_INFO, "%s: fused projections (fuse_weights): Q/K/V in %d of %d layers, gate/up in %d",
+                 src->path, nqkv, m->n_layer, ngu);
+    }
     if (m->tbo && m->n_expert > 0)
         RX_HLOG (host, RX_LOG_INFO, "%s: two-batch overlap on (%s)", src->path,
                  rx_tbo_has_async (m->moe_ops) ? "the dispatcher's exchanges overlap the other micro-batch"
@@ -1009,30 +1129,15 @@ static int s_moe_route (struct ll_model *m, const struct ll_layer *L, size_t r0,
                                m->rank, err);
 }
 
-/* The local experts over the rows a dispatch handed out: expert e's rows of
- * r->x through down(silu(gate_e x) * up_e x) into the same rows of r->y. */
+/* The local experts over the rows a dispatch handed out (models/moe_experts.h). */
 static int s_moe_experts (struct ll_model *m, const struct ll_layer *L, const struct rx_moe_routed *r,
                           struct rx_err *err)
 {
-    const struct rx_kernels_ops *K = m->k.ops;
-    void *be = m->k.be;
-    rx_kstream_t *st = m->k.stream;
-    const size_t E = (size_t) m->n_embd, FE = (size_t) m->n_ff_exp, T = (size_t) m->max_tokens;
-    for (int32_t e = 0; e < r->n_local_expert; e++) {
-        const int expert = rx_moe_place_logical (&m->place, (int32_t) (L - m->layers), r->first_expert + e);
-        /* gate/up hold T rows: an expert with more (duplicate ids) runs
-         * in pieces. */
-        for (int32_t r0 = r->offsets[e]; r0 < r->offsets[e + 1]; r0 += (int32_t) T) {
-            size_t rows = (size_t) (r->offsets[e + 1] - r0) < T ? (size_t) (r->offsets[e + 1] - r0) : T;
-            const float *xr = r->x + (size_t) r0 * E;
-            LL_TRY (K->matmul (be, st, L->gate_exps, expert, xr, E, m->gate, FE, rows, 0, err));
-            LL_TRY (K->matmul (be, st, L->up_exps, expert, xr, E, m->up, FE, rows, 0, err));
-            LL_TRY (K->swiglu (be, st, m->gate, FE, m->up, FE, m->gate, FE, rows, FE, err));
-            LL_TRY (K->matmul (be, st, L->down_exps, expert, m->gate, FE, r->y + (size_t) r0 * E, E,
-                               rows, 0, err));
-        }
-    }
-    return RX_OK;
+    const struct rx_moe_expert_w w = {
+        .gate = L->gate_exps, .up = L->up_exps, .down = L->down_exps, .g = m->gate, .u = m->up,
+        .E = (size_t) m->n_embd, .FE = (size_t) m->n_ff_exp, .piece = (size_t) m->max_tokens,
+    };
+    return rx_moe_experts (&m->k, &m->place, (int32_t) (L - m->layers), r, &w, err);
 }
 
 static int s_moe_ffn (struct ll_model *m, const struct ll_layer *L, size_t nn, size_t group_rows,
@@ -1044,8 +1149,11 @@ static int s_moe_ffn (struct ll_model *m, const struct ll_layer *L, size_t nn, s
         /* cn 0: this rank has no rows left but a peer has (DP attention). */
         size_t cn = c0 >= nn ? 0 : nn - c0 < (size_t) m->moe_chunk ? nn - c0 : (size_t) m->moe_chunk;
         struct rx_moe_routed r = { .struct_size = sizeof r };
+        const int dev = rx_moe_experts_device (&m->k, &m->place, cn);
+        if (dev) r.flags = RX_MOE_ROUTED_DEVICE;
         LL_TRY (m->moe_ops->dispatch (m->moe, m->h + c0 * E, E, (int32_t) cn, m->topi + c0 * KU,
                                       m->topw + c0 * KU, &r, err));
+        if (dev) m->moe_dev_seen = r.d_offsets != NULL;
         LL_TRY (s_moe_experts (m, L, &r, err));
         LL_TRY (m->moe_ops->combine (m->moe, m->x + c0 * E, E, RX_MM_ACCUMULATE, err));
     }
@@ -1098,19 +1206,39 @@ static int s_attn (struct ll_model *m, const struct ll_layer *L, int32_t l, cons
     const size_t E = (size_t) m->n_embd;
     const size_t qd = (size_t) m->n_head * m->hd_k, kd = (size_t) m->n_kv_head * m->hd_k,
                  vd = (size_t) m->n_kv_head * m->hd_v, od = (size_t) m->n_head * m->hd_v;
-    float *x = m->x + r0 * E, *h = m->h + r0 * E, *q = m->q + r0 * qd, *kk = m->kk + r0 * kd,
-          *v = m->v + r0 * vd, *att = m->att + r0 * od;
+    float *x = m->x + r0 * E, *h = m->h + r0 * E, *att = m->att + r0 * od;
     LL_TRY (K->rms_norm (be, st, x, E, L->attn_norm, h, E, nn, E, m->eps, err));
-    LL_TRY (K->matmul (be, st, L->wq, -1, h, E, q, qd, nn, 0, err));
-    LL_TRY (K->matmul (be, st, L->wk, -1, h, E, kk, kd, nn, 0, err));
-    LL_TRY (K->matmul (be, st, L->wv, -1, h, E, v, vd, nn, 0, err));
-    if (L->bq) LL_TRY (K->add (be, st, q, qd, L->bq, 0, q, qd, nn, qd, err));
-    if (L->bk) LL_TRY (K->add (be, st, kk, kd, L->bk, 0, kk, kd, nn, kd, err));
-    if (L->bv) LL_TRY (K->add (be, st, v, vd, L->bv, 0, v, vd, nn, vd, err));
-    LL_TRY (K->rope (be, st, q, qd, nn, (size_t) m->n_head, (size_t) m->hd_k, d_pos, &m->rope, err));
-    LL_TRY (K->rope (be, st, kk, kd, nn, (size_t) m->n_kv_head, (size_t) m->hd_k, d_pos, &m->rope, err));
+    float *q, *kk, *v;
+    size_t ldq = qd, ldk = kd, ldv = vd;
+    if (L->wqkv) {
+        /* One matmul into rows of [Q | K | V] over the q, kk, v buffers
+         * (contiguous, reserve() sized them for it); Q's heads and K's are
+         * adjacent, so one rope call turns both. */
+        ldq = ldk = ldv = qd + kd + vd;
+        q = m->q + r0 * ldq;
+        kk = q + qd;
+        v = kk + kd;
+        LL_TRY (K->matmul (be, st, L->wqkv, -1, h, E, q, ldq, nn, 0, err));
+    } else {
+        q = m->q + r0 * qd;
+        kk = m->kk + r0 * kd;
+        v = m->v + r0 * vd;
+        LL_TRY (K->matmul (be, st, L->wq, -1, h, E, q, qd, nn, 0, err));
+        LL_TRY (K->matmul (be, st, L->wk, -1, h, E, kk, kd, nn, 0, err));
+        LL_TRY (K->matmul (be, st, L->wv, -1, h, E, v, vd, nn, 0, err));
+    }
+    if (L->bq) LL_TRY (K->add (be, st, q, ldq, L->bq, 0, q, ldq, nn, qd, err));
+    if (L->bk) LL_TRY (K->add (be, st, kk, ldk, L->bk, 0, kk, ldk, nn, kd, err));
+    if (L->bv) LL_TRY (K->add (be, st, v, ldv, L->bv, 0, v, ldv, nn, vd, err));
+    if (L->wqkv)
+        LL_TRY (K->rope (be, st, q, ldq, nn, (size_t) (m->n_head + m->n_kv_head), (size_t) m->hd_k, d_pos,
+                         &m->rope, err));
+    else {
+        LL_TRY (K->rope (be, st, q, qd, nn, (size_t) m->n_head, (size_t) m->hd_k, d_pos, &m->rope, err));
+        LL_TRY (K->rope (be, st, kk, kd, nn, (size_t) m->n_kv_head, (size_t) m->hd_k, d_pos, &m->rope, err));
+    }
     const struct rx_attn_io io = {
-        .struct_size = sizeof io, .q = q, .ldq = qd, .k = kk, .ldk = kd, .v = v, .ldv = vd,
+        .struct_size = sizeof io, .q = q, .ldq = ldq, .k = kk, .ldk = ldk, .v = v, .ldv = ldv,
         .out = att, .ldo = od,
     };
     LL_TRY (m->attn_ops->forward (m->attn, l, ab, d_new, &io, err));
@@ -1193,13 +1321,17 @@ static int s_forward_eager (struct ll_model *m, const struct rx_model_batch *b,
  * before the replay, at the same device address every step; the launch
  * shapes depend only on n.  A step with another logits or staging buffer
  * (the engine grew one) captures again.  Only the plain case: one rank
- * (no collectives in the graph), dense, an attention backend without a
- * host-side prepare.  A backend without graphs (kernels-cpu) answers
+ * (no collectives in the graph), an attention backend without a host-side
+ * prepare, and a dense model or one whose MoE layers run without a host
+ * copy (models/moe_experts.h: the dispatcher sorted on the device the last
+ * time it was asked, no placement or recording, n within the device
+ * path's bound).  A backend without graphs (kernels-cpu) answers
  * graph_begin with RX_ENOTSUP: the model then runs every step op by op. */
 static int s_graph_step (const struct ll_model *m, const struct rx_model_batch *b)
 {
     return m->graph_max_bs > 0 && b->n_tokens <= m->graph_max_bs && b->n_tokens == b->n_seq &&
-           b->n_out == b->n_tokens && m->n_rank == 1 && m->n_expert == 0 &&
+           b->n_out == b->n_tokens && m->n_rank == 1 &&
+           (m->n_expert == 0 || (m->moe_dev_seen && rx_moe_experts_device (&m->k, &m->place, (size_t) b->n_tokens))) &&
            !RX_HAS (struct rx_attn_ops, m->attn_ops, prepare);
 }
 
@@ -1236,6 +1368,7 @@ static int s_forward (void *p, const struct rx_model_batch *b, struct rx_err *er
 {
     struct ll_model *m = p;
     int rc = s_check_batch (m, b, err);
+    if (rc == RX_OK) rx_moe_place_step (&m->place, b);
     int32_t M = 0;
     if (m->dp_attn && m->max_tokens > 0) {
         /* Every rank takes part in the count exchange, a refused batch
@@ -1293,6 +1426,12 @@ static int s_forward_eager (struct ll_model *m, const struct rx_model_batch *b,
         }
         if (L->gate_exps) {
             LL_TRY (s_moe_ffn (m, L, nn, m->dp_attn ? (size_t) M : nn, err));
+        } else if (L->w_gu) {
+            /* Rows of [gate | up] over the gate and up buffers (contiguous),
+             * silu(gate) * up in place into each row's gate half. */
+            LL_TRY (K->matmul (be, st, L->w_gu, -1, m->h, E, m->gate, 2 * F, nn, 0, err));
+            LL_TRY (K->swiglu (be, st, m->gate, 2 * F, m->gate + F, 2 * F, m->gate, 2 * F, nn, F, err));
+            LL_TRY (s_row_parallel (m, L->w_down, m->gate, 2 * F, nn, err));
         } else {
             LL_TRY (K->matmul (be, st, L->w_gate, -1, m->h, E, m->gate, F, nn, 0, err));
             LL_TRY (K->matmul (be, st, L->w_up, -1, m->h, E, m->up, F, nn, 0, err));
@@ -1346,6 +1485,15 @@ static const struct rx_model_ops s_ops = {
     .set_placement = s_set_placement,
 };
 
+/* [model.llama] */
+static const struct rx_cfg_key s_keys[] = {
+    { "fuse_weights", RX_CFG_ENUM, "auto",
+      "load Q/K/V and gate/up as one weight each (3 matmuls and a rope call fewer per layer, "
+      "same results); auto = on for backends that copy weights at load (cuda), off for cpu "
+      "(it would only add memory; also: environment RADIX_LLAMA_FUSE=0|1)", 0, 0, "auto|true|false" },
+    { NULL, 0, NULL, NULL, 0, 0, NULL }
+};
+
 RX_PLUGIN_DEFINE (.kind = RX_KIND_MODEL, .name = "llama", .version = "0.1.0",
                   .description = "Llama-family transformers: Llama 2/3, Mistral, Mixtral-style MoE, TinyLlama, SmolLM2, Qwen2",
-                  .ops = &s_ops)
+                  .keys = s_keys, .ops = &s_ops)

@@ -524,10 +524,13 @@ Test (engine, truncate_then_refeed_gives_the_same_logits)
  * graphs: ops recorded at capture, replayed at launch, as on a GPU).  Both
  * give engine 0's logits bit for bit -- prefill, decode steps at and above
  * the graph batch limit, replays after the engine grew its logits buffer --
- * and engine 2 holds graphs for batch sizes 1 and 2 only. */
-Test (engine, cuda_graph_max_bs_replays_decode_steps)
+ * and engine 2 holds graphs for batch sizes 1 and 2 only.  The MoE model
+ * (tiny-moe) is captured too: its decode steps sort the experts' rows on
+ * the device (moe-local with RX_MOE_ROUTED_DEVICE), so no step copies to
+ * the host; a capture with a host copy in it would fail the step. */
+static void s_graph_replay (const char *model)
 {
-    char *m = s_model ("tiny-llama.gguf");
+    char *m = s_model (model);
     struct rx_boot b[3];
     rx_engine_t *e[3] = { s_engine (&b[0], NULL, m, 128, 16),
                           s_engine (&b[1], "[scheduler]\ncuda_graph_max_bs = 2\n", m, 128, 16),
@@ -580,6 +583,95 @@ Test (engine, cuda_graph_max_bs_replays_decode_steps)
     free (m);
 }
 
+Test (engine, cuda_graph_max_bs_replays_decode_steps) { s_graph_replay ("tiny-llama.gguf"); }
+Test (engine, cuda_graph_max_bs_replays_moe_decode_steps) { s_graph_replay ("tiny-moe.gguf"); }
+
+/* [model.llama] fuse_weights = true loads Q/K/V and gate/up as one weight
+ * each (one matmul and one rope call fewer per layer): the logits are
+ * those of the separate weights, bit for bit, through a prefill and
+ * decode steps, for F32, Q8_0 and Q4 files; the log says how many layers
+ * were fused (so the test cannot pass by not fusing).  A bad value is a
+ * configuration error naming the key. */
+static char *s_engine_logged (struct rx_boot *b, rx_engine_t **e, const char *ini, const char *model)
+{
+    char *dir = tu_tmpdir (), *lpath = tu_path (dir, "log.txt");
+    s_boot (b, ini);   /* before the log is redirected: booting sets [log] */
+    int lvl = rx_log_get_level ();
+    cr_assert_eq (rx_log_set_file (lpath), 0);
+    rx_log_set_level (RX_LOG_INFO);
+    struct rx_err err = { 0 };
+    struct rx_engine_opts o = { .model_path = model, .n_slots = 64, .max_tokens = 16 };
+    *e = rx_engine_new (b, &o, &err);
+    rx_log_set_level (lvl);
+    rx_log_set_file (NULL);
+    cr_assert_not_null (*e, "%s", err.msg);
+    FILE *f = fopen (lpath, "r");
+    cr_assert_not_null (f);
+    char *log = tu_slurp_fd (fileno (f));
+    fclose (f);
+    unlink (lpath);
+    rmdir (dir);
+    free (lpath);
+    free (dir);
+    return log;
+}
+
+Test (model_llama, fused_projections_give_the_same_logits)
+{
+    const char *files[] = { "tiny-llama.gguf", "tiny-llama-q8.gguf", "tiny-llama-q4.gguf" };
+    for (size_t fi = 0; fi < sizeof files / sizeof files[0]; fi++) {
+        char *m = s_model (files[fi]);
+        struct rx_boot b[2];
+        rx_engine_t *e[2];
+        char *log0 = s_engine_logged (&b[0], &e[0], "[model.llama]\nfuse_weights = false\n", m);
+        char *log1 = s_engine_logged (&b[1], &e[1], "[model.llama]\nfuse_weights = true\n", m);
+        cr_assert_null (strstr (log0, "fused projections"), "%s: not fused: %s", files[fi], log0);
+        const int nl = rx_engine_info (e[0])->n_layer;
+        char want[96];
+        snprintf (want, sizeof want, "Q/K/V in %d of %d layers, gate/up in %d", nl, nl, nl);
+        cr_assert (strstr (log1, want), "%s: every layer fused: %s", files[fi], log1);
+        struct rx_err err = { 0 };
+        const int V = rx_engine_info (e[0])->n_vocab;
+        float *lg[2] = { malloc ((size_t) 5 * V * sizeof (float)), malloc ((size_t) 5 * V * sizeof (float)) };
+        int32_t toks[8] = { 1, 450, 7483, 310, 3444, 338, 263, 29871 };
+        int seq[2];
+        for (int i = 0; i < 2; i++) {
+            seq[i] = rx_engine_seq_new (e[i], 16, &err);
+            struct rx_engine_req r = { seq[i], 5, toks, 1 };
+            cr_assert_eq (rx_engine_step (e[i], &r, 1, lg[i], &err), RX_OK, "%s", err.msg);
+        }
+        cr_assert (!memcmp (lg[0], lg[1], (size_t) 5 * V * sizeof (float)), "%s: prefill logits", files[fi]);
+        for (int k = 0; k < 3; k++) {
+            for (int i = 0; i < 2; i++) {
+                struct rx_engine_req r = { seq[i], 1, &toks[5 + k], 0 };
+                cr_assert_eq (rx_engine_step (e[i], &r, 1, lg[i], &err), RX_OK, "%s", err.msg);
+            }
+            cr_assert (!memcmp (lg[0], lg[1], (size_t) V * sizeof (float)), "%s: decode step %d", files[fi], k);
+        }
+        for (int i = 0; i < 2; i++) {
+            free (lg[i]);
+            rx_engine_destroy (&e[i]);
+            rx_boot_close (&b[i]);
+        }
+        free (log0);
+        free (log1);
+        free (m);
+    }
+    /* A bad value: the INI's file and line, at boot. */
+    setenv ("RADIX_PLUGIN_PATH", tu_env ("RX_PLUGIN_BUILD_DIR"), 1);
+    char *dir = tu_tmpdir (), *path = tu_path (dir, "t.ini");
+    tu_write (path, "[model.llama]\nfuse_weights = maybe\n");
+    struct rx_boot b;
+    struct rx_err err = { 0 };
+    cr_assert_neq (rx_boot_open (&b, path, 0, &err), RX_OK);
+    cr_assert (strstr (err.msg, "t.ini:2") && strstr (err.msg, "fuse_weights = \"maybe\"")
+               && strstr (err.msg, "auto|true|false"), "%s", err.msg);
+    unlink (path);
+    rmdir (dir);
+    free (path);
+    free (dir);
+}
+
 /* rx_engine_forward_ids: the device argmax of every output row equals the
  * host's rx_argmax of the full logits; only the wanted rows are copied
  * (the others keep what the buffer held); no logits buffer is needed when
@@ -623,20 +715,24 @@ Test (engine, forward_ids_argmax_on_the_device_and_wanted_rows_only)
     free (m);
 }
 
-/* model-deepseek2 routes with the backend's moe_route op; on an ABI 1.0
- * view of the same backend ([kernels] ops_abi = 1.0: no appended ops) it
- * routes on the host as before.  The two give the same logits, bit for
- * bit, through a prefill and decode steps. */
-Test (engine, deepseek2_device_routing_equals_the_host_fallback)
+/* The appended kernel ops against an ABI 1.0 view of the same backend
+ * ([kernels] ops_abi = 1.0: no appended ops): model-deepseek2 routes with
+ * moe_route, and both MoE models run their experts from device offsets
+ * (moe_sort, gather_rows, matmul_grouped, moe_combine; models/
+ * moe_experts.h); without the ops they route and sort on the host as
+ * before.  The two give the same logits, bit for bit, through a prefill
+ * and decode steps. */
+static void s_device_ops_equal_host (const char *model)
 {
-    char *m = s_model ("tiny-deepseek2.gguf");
+    char *m = s_model (model);
     struct rx_boot b[2];
     rx_engine_t *e[2] = { s_engine (&b[0], NULL, m, 64, 16),
                           s_engine (&b[1], "[kernels]\nops_abi = 1.0\n", m, 64, 16) };
     const struct rx_kernels_ops *K[2];
     void *be;
     for (int i = 0; i < 2; i++) rx_engine_kernels (e[i], &K[i], &be);
-    cr_assert (RX_HAS (struct rx_kernels_ops, K[0], moe_route), "kernels-cpu has moe_route");
+    cr_assert (RX_HAS (struct rx_kernels_ops, K[0], moe_combine) && K[0]->moe_route && K[0]->matmul_grouped,
+               "kernels-cpu has moe_route and the MoE expert ops");
     cr_assert (!RX_HAS (struct rx_kernels_ops, K[1], moe_route), "hidden by ops_abi = 1.0");
     struct rx_err err = { 0 };
     const int V = rx_engine_info (e[0])->n_vocab;
@@ -663,6 +759,12 @@ Test (engine, deepseek2_device_routing_equals_the_host_fallback)
     }
     free (m);
 }
+
+Test (engine, deepseek2_device_routing_equals_the_host_fallback)
+{
+    s_device_ops_equal_host ("tiny-deepseek2.gguf");
+}
+Test (engine, moe_device_experts_equal_the_host_path) { s_device_ops_equal_host ("tiny-moe.gguf"); }
 
 /* A raw batch over chosen slots; the model plugin checks it. */
 static void s_raw_fails (rx_engine_t *e, struct rx_model_batch *bt, float *l, const char *want)
