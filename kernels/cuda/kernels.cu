@@ -3,7 +3,7 @@
  * cu_math.h, shared with the host unit test; launch shapes from plan.h.
  *
  * Kept deliberately plain so the fat binary (sm_80, sm_90, PTX) builds in
- * about a minute: one template parameter (the weight dtype) for the three
+ * about a minute: one template parameter (the weight dtype) for the
  * kernels that read weights, everything else untemplated. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -134,17 +134,15 @@ static __device__ __forceinline__ float s_dot4 (const float *w, const float *x)
     return s;
 }
 
-/* One warp per output row; lane l decodes 32-element chunks l, l+32, ...
- * of the weight row once and dots each with up to RX_CU_MV_MAX_ROWS
- * activation rows (the weight is the bandwidth; activations hit L1/L2). */
+/* One warp's output o of n <= RX_CU_MV_MAX_ROWS activation rows against
+ * weight row `row`: lane l decodes 32-element chunks l, l+32, ... of the
+ * row once and dots each with every activation row (the weight is the
+ * bandwidth; activations hit L1/L2).  k_matvec and k_mv_grouped. */
 template <int DT>
-static __global__ void k_matvec (const uint8_t *w, size_t row_bytes, int in, int out, const float *x,
-                                 size_t ldx, float *y, size_t ldy, int n, int acc)
+static __device__ __forceinline__ void s_mv_warp (const uint8_t *row, int in, const float *x,
+                                                  size_t ldx, float *y, size_t ldy, int n, int o,
+                                                  int lane, int acc)
 {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int o = blockIdx.x * RX_CU_MV_WARPS + warp;
-    if (o >= out) return;
-    const uint8_t *row = w + (size_t) o * row_bytes;
     float sum[RX_CU_MV_MAX_ROWS];
 #pragma unroll
     for (int r = 0; r < RX_CU_MV_MAX_ROWS; r++) sum[r] = 0.f;
@@ -166,6 +164,17 @@ static __global__ void k_matvec (const uint8_t *w, size_t row_bytes, int in, int
         }
     }
     s_mv_store (sum, n, lane, y, ldy, o, acc);
+}
+
+/* One warp per output row (s_mv_warp). */
+template <int DT>
+static __global__ void k_matvec (const uint8_t *w, size_t row_bytes, int in, int out, const float *x,
+                                 size_t ldx, float *y, size_t ldy, int n, int acc)
+{
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int o = blockIdx.x * RX_CU_MV_WARPS + warp;
+    if (o >= out) return;
+    s_mv_warp<DT> (w + (size_t) o * row_bytes, in, x, ldx, y, ldy, n, o, lane, acc);
 }
 
 /* ---- the fast matvec kernels (plan.h RX_CUMV_VEC / RX_CUMV_STAGE) ----
@@ -1010,5 +1019,355 @@ extern "C" int rx_cuk_attention (cudaStream_t st, const float *q, size_t ldq, co
                                                          hd_v, n_slots, n_seq, q_start, kv_start,
                                                          slots, q_pos, n_head, scale, softcap,
                                                          window, out, ldo);
+    return s_status ();
+}
+
+/* ------------------------------------------------------- MoE expert pass -- */
+
+/* moe_route's block reduction: the lowest index fi and the best (bv, bi)
+ * in s_better's order, over every thread.  rf/rv/ri: 32 entries each. */
+static __device__ void s_route_reduce (int *fi, float *bv, int *bi, int *rf, float *rv, int *ri)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int o = 16; o > 0; o >>= 1) {
+            const int of = __shfl_xor_sync (0xffffffffu, *fi, o);
+            const float ov = __shfl_xor_sync (0xffffffffu, *bv, o);
+            const int oi = __shfl_xor_sync (0xffffffffu, *bi, o);
+            if (of < *fi) *fi = of;
+            if (s_better (ov, oi, *bv, *bi)) { *bv = ov; *bi = oi; }
+        }
+        if (pass == 1) break;
+        __syncthreads ();
+        if (lane == 0) { rf[warp] = *fi; rv[warp] = *bv; ri[warp] = *bi; }
+        __syncthreads ();
+        *fi = lane < nw ? rf[lane] : INT_MAX;
+        *bv = lane < nw ? rv[lane] : -INFINITY;
+        *bi = lane < nw ? ri[lane] : -1;
+    }
+}
+
+/* One block per row, core/moe_route.h's algorithm step for step.  The
+ * group scores and the group choice are that code run by one thread (per
+ * group, then thread 0: G is small).  Each of the k expert choices is a
+ * block reduction that reproduces the serial loop "best = the first
+ * eligible e, then any later e with sel[e] > sel[best]" exactly, NaN
+ * included: when the first eligible sel is NaN nothing compares greater
+ * and the serial loop keeps it; otherwise NaNs never win and the result
+ * is the largest non-NaN sel, the lowest index on ties (s_better).  So
+ * the reduction carries both the first eligible index and the best
+ * non-NaN one.  Weights: thread 0, in double, as rx_moe_route_weights. */
+static __global__ void k_moe_route (const float *probs, const float *sel, size_t ld, int nx, int G,
+                                    int tg, int k, int norm, float scale, int32_t *ids, float *w)
+{
+    extern __shared__ float rsm[];
+    __shared__ int rf[32], ri[32];
+    __shared__ float rv[32];
+    float *ssel = rsm, *gs = rsm + nx;
+    int *sid = (int *) (gs + G);
+    unsigned char *taken = (unsigned char *) (sid + k), *keep = taken + nx;
+    const size_t r = blockIdx.x;
+    const float *sr = sel + r * ld, *pr = probs + r * ld;
+    const int per = nx / G;
+    for (int e = threadIdx.x; e < nx; e += blockDim.x) {
+        ssel[e] = sr[e];
+        taken[e] = 0;
+    }
+    __syncthreads ();
+    for (int g = threadIdx.x; g < G; g += blockDim.x) {
+        keep[g] = G == 1;
+        if (G == 1) break;
+        float b1 = -INFINITY, b2 = -INFINITY;
+        for (int e = g * per; e < (g + 1) * per; e++) {
+            const float v = ssel[e];
+            if (v > b1) { b2 = b1; b1 = v; }
+            else if (v > b2) b2 = v;
+        }
+        gs[g] = per > 1 ? __fadd_rn (b1, b2) : b1;
+    }
+    __syncthreads ();
+    if (G > 1 && threadIdx.x == 0)
+        for (int j = 0; j < tg; j++) {
+            int best = G;
+            for (int g = 0; g < G; g++)
+                if (!keep[g] && (best == G || gs[g] > gs[best])) best = g;
+            keep[best] = 1;
+        }
+    __syncthreads ();
+    for (int j = 0; j < k; j++) {
+        int fi = INT_MAX, bi = -1;
+        float bv = -INFINITY;
+        for (int e = threadIdx.x; e < nx; e += blockDim.x) {
+            if (!keep[e / per] || taken[e]) continue;
+            if (e < fi) fi = e;
+            const float v = ssel[e];
+            if (!isnan (v) && s_better (v, e, bv, bi)) { bv = v; bi = e; }
+        }
+        s_route_reduce (&fi, &bv, &bi, rf, rv, ri);
+        if (threadIdx.x == 0) {
+            /* fi < nx: the host checked that the kept groups hold k experts. */
+            const int c = bi < 0 || isnan (ssel[fi]) ? fi : bi;
+            sid[j] = c;
+            taken[c] = 1;
+            ids[r * (size_t) k + j] = c;
+        }
+        __syncthreads ();
+    }
+    if (threadIdx.x == 0) {
+        double sum = 0;
+        for (int j = 0; j < k; j++) sum = __dadd_rn (sum, (double) pr[sid[j]]);
+        for (int j = 0; j < k; j++) {
+            float v = pr[sid[j]];
+            if (norm) v = (float) __ddiv_rn ((double) v, sum);
+            w[r * (size_t) k + j] = __fmul_rn (v, scale);
+        }
+    }
+}
+
+extern "C" int rx_cuk_moe_route (cudaStream_t st, const float *probs, const float *sel, size_t ld,
+                                 size_t rows, int n_expert, int n_group, int topk_group, int k,
+                                 int norm, float scale, int32_t *ids, float *w, size_t smem)
+{
+    const int G = n_group > 1 ? n_group : 1;
+    for (size_t r0 = 0; r0 < rows; r0 += S_MAX_GRID) {
+        const size_t nr = rows - r0 < S_MAX_GRID ? rows - r0 : S_MAX_GRID;
+        k_moe_route<<<(unsigned) nr, rx_cuplan_row_threads ((size_t) n_expert), smem, st>>> (
+            probs + r0 * ld, sel + r0 * ld, ld, n_expert, G, topk_group, k, norm, scale,
+            ids + r0 * (size_t) k, w + r0 * (size_t) k);
+        int rc = s_status ();
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* moe_sort in one block, as a stable counting sort.  Why this scheme: it
+ * must be stable in (token, choice) and run without a host round trip
+ * for a decode step (a few dozen choices) as for a prefill (tens of
+ * thousands); one block of up to 32 warps is plenty for both and needs no
+ * grid-wide synchronisation, no atomics and no global scratch.
+ *
+ * Warp w owns the contiguous segment [s0, s1) of the n choices and the
+ * histogram h = hist[w][0 .. n_expert) in shared memory (only warp w
+ * touches it until phase 2).
+ *   1. Count: the warp walks its segment 32 choices at a time; lanes with
+ *      the same valid id find each other with __match_any_sync and the
+ *      lowest of them adds their number to h[id].
+ *   2. Place: per expert e, hist[w][e] becomes the count of e in the
+ *      segments before w and off[e] the count overall; warp 0 turns off
+ *      into an exclusive prefix sum (lane l sums a contiguous run of
+ *      experts, a shuffle scan adds the runs), off[n_expert] = the valid
+ *      choices; then hist[w][e] += off[e]: the first sorted row of e's
+ *      choices in segment w.
+ *   3. Rank: each warp walks its segment again in the same order; a
+ *      choice's row is h[id] plus the number of lower lanes with the same
+ *      id, after which the group's lowest lane advances h[id].
+ * So e's choices land in segment order, then step order, then lane order:
+ * the choice order.  O(n / (32 W) + n_expert) steps per warp. */
+static __global__ void k_moe_sort (const int32_t *ids, int n, int k, int n_expert, int32_t *offsets,
+                                   int32_t *row, int32_t *src)
+{
+    extern __shared__ int32_t ssm[];
+    const int W = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int32_t *hist = ssm, *off = ssm + W * n_expert;
+    for (int i = threadIdx.x; i < W * n_expert; i += blockDim.x) hist[i] = 0;
+    __syncthreads ();
+    const int seg = (n + W - 1) / W;
+    const int s0 = min (n, warp * seg), s1 = min (n, s0 + seg);
+    int32_t *h = hist + warp * n_expert;
+    const unsigned below = (1u << lane) - 1u;
+    for (int b = s0; b < s1; b += 32) {       /* 1. count (warp-uniform bounds) */
+        const int q = b + lane;
+        const int id = q < s1 ? ids[q] : -1;
+        const bool ok = id >= 0 && id < n_expert;
+        const unsigned peers = __match_any_sync (0xffffffffu, ok ? id : -1);
+        if (ok && (peers & below) == 0) h[id] += __popc (peers);
+        __syncwarp ();
+    }
+    __syncthreads ();
+    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) {   /* 2. place */
+        int run = 0;
+        for (int v = 0; v < W; v++) {
+            const int c = hist[v * n_expert + e];
+            hist[v * n_expert + e] = run;
+            run += c;
+        }
+        off[e] = run;
+    }
+    __syncthreads ();
+    if (warp == 0) {
+        const int per = (n_expert + 31) / 32;
+        const int e0 = min (n_expert, lane * per), e1 = min (n_expert, e0 + per);
+        int mine = 0;
+        for (int e = e0; e < e1; e++) mine += off[e];
+        int incl = mine;
+        for (int d = 1; d < 32; d <<= 1) {
+            const int t = __shfl_up_sync (0xffffffffu, incl, d);
+            if (lane >= d) incl += t;
+        }
+        int run = incl - mine;
+        for (int e = e0; e < e1; e++) {
+            const int c = off[e];
+            off[e] = run;
+            run += c;
+        }
+        if (lane == 31) off[n_expert] = incl;
+    }
+    __syncthreads ();
+    for (int i = threadIdx.x; i <= n_expert; i += blockDim.x) offsets[i] = off[i];
+    for (int i = threadIdx.x; i < W * n_expert; i += blockDim.x) hist[i] += off[i % n_expert];
+    __syncthreads ();
+    for (int b = s0; b < s1; b += 32) {       /* 3. rank */
+        const int q = b + lane;
+        const int id = q < s1 ? ids[q] : -1;
+        const bool ok = id >= 0 && id < n_expert;
+        const unsigned peers = __match_any_sync (0xffffffffu, ok ? id : -1);
+        if (ok) {
+            const int r = h[id] + __popc (peers & below);
+            row[q] = r;
+            src[r] = q / k;
+        } else if (q < s1) {
+            row[q] = -1;
+        }
+        __syncwarp ();
+        if (ok && (peers & below) == 0) h[id] += __popc (peers);
+        __syncwarp ();
+    }
+    for (int r = off[n_expert] + threadIdx.x; r < n; r += blockDim.x) src[r] = -1;
+}
+
+extern "C" int rx_cuk_moe_sort (cudaStream_t st, const int32_t *ids, size_t n, int k, int n_expert,
+                                int32_t *offsets, int32_t *row, int32_t *src, unsigned warps,
+                                size_t smem)
+{
+    if (warps < 1 || warps > 32 || n > INT_MAX || k < 1) return (int) cudaErrorInvalidValue;
+    k_moe_sort<<<1, 32 * warps, smem, st>>> (ids, (int) n, k, n_expert, offsets, row, src);
+    return s_status ();
+}
+
+static __global__ void k_gather_rows (const float *x, size_t ldx, const int32_t *idx, size_t n,
+                                      size_t dim, float *y, size_t ldy)
+{
+    const size_t total = n * dim;
+    for (size_t t = blockIdx.x * (size_t) blockDim.x + threadIdx.x; t < total;
+         t += (size_t) gridDim.x * blockDim.x) {
+        const size_t i = t / dim, c = t % dim;
+        const int32_t id = idx[i];
+        y[i * ldy + c] = id >= 0 ? x[(size_t) id * ldx + c] : 0.f;
+    }
+}
+
+extern "C" int rx_cuk_gather_rows (cudaStream_t st, const float *x, size_t ldx, const int32_t *idx,
+                                   size_t n, size_t dim, float *y, size_t ldy)
+{
+    if (n == 0 || dim == 0) return 0;
+    k_gather_rows<<<rx_cuplan_blocks (n * dim, 256, S_MAX_GRID), 256, 0, st>>> (x, ldx, idx, n, dim,
+                                                                               y, ldy);
+    return s_status ();
+}
+
+/* The expert of sorted row r: the e with offsets[e] <= r < offsets[e+1]
+ * (binary search, offsets nondecreasing), or -1 at or past
+ * offsets[n_expert] (and before offsets[0], which is 0 from moe_sort). */
+static __device__ __forceinline__ int s_expert_of (const int32_t *offsets, int n_expert, long long r)
+{
+    if (r >= (long long) offsets[n_expert] || r < (long long) offsets[0]) return -1;
+    int lo = 0, hi = n_expert;   /* offsets[lo] <= r < offsets[hi] */
+    while (hi - lo > 1) {
+        const int mid = lo + (hi - lo) / 2;
+        if ((long long) offsets[mid] <= r) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* matmul_grouped: blockIdx.y picks RX_CU_MV_MAX_ROWS rows, a warp one
+ * output of them.  The rows are sorted by expert, so a group splits into
+ * runs of one expert each: a run is one s_mv_warp over that expert's
+ * weight row (all of the group's rows when they share the expert, as in
+ * prefill; one row per run in decode).  Prefill-size groups would want a
+ * grouped GEMM (tensor cores, the weight tile reused by many rows): not
+ * done, this reads the expert's weight row once per 8 rows. */
+template <int DT>
+static __global__ void k_mv_grouped (const uint8_t *w, size_t row_bytes, size_t expert_bytes, int in, int out,
+              const int32_t *offsets, int n_expert, long long row0, const float *x, size_t ldx,
+              float *y, size_t ldy, int n, int acc)
+{
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int o = blockIdx.x * RX_CU_MV_WARPS + warp;
+    const int i0 = blockIdx.y * RX_CU_MV_MAX_ROWS;
+    if (o >= out || i0 >= n) return;   /* whole warps leave */
+    const int nr = n - i0 < RX_CU_MV_MAX_ROWS ? n - i0 : RX_CU_MV_MAX_ROWS;
+    const int my_e = lane < nr ? s_expert_of (offsets, n_expert, row0 + i0 + lane) : -1;
+    for (int a = 0; a < nr;) {        /* warp-uniform: a, b and e come from shuffles */
+        const int e = __shfl_sync (0xffffffffu, my_e, a);
+        int b = a + 1;
+        while (b < nr && __shfl_sync (0xffffffffu, my_e, b) == e) b++;
+        if (e >= 0)
+            s_mv_warp<DT> (w + (size_t) e * expert_bytes + (size_t) o * row_bytes, in,
+                           x + (size_t) (i0 + a) * ldx, ldx, y + (size_t) (i0 + a) * ldy, ldy,
+                           b - a, o, lane, acc);
+        a = b;
+    }
+}
+
+extern "C" int rx_cuk_matvec_grouped (cudaStream_t st, int dtype, const void *w, size_t row_bytes,
+                                      size_t expert_bytes, size_t in, size_t out,
+                                      const int32_t *offsets, int n_expert, size_t row0,
+                                      const float *x, size_t ldx, float *y, size_t ldy, size_t n,
+                                      int accumulate)
+{
+    const size_t pass = (size_t) S_MAX_GRID * RX_CU_MV_MAX_ROWS;
+    for (size_t r0 = 0; r0 < n; r0 += pass) {
+        const size_t nr = n - r0 < pass ? n - r0 : pass;
+        const dim3 g (rx_cuplan_blocks (out, RX_CU_MV_WARPS, 0),
+                      (unsigned) ((nr + RX_CU_MV_MAX_ROWS - 1) / RX_CU_MV_MAX_ROWS));
+        S_DISPATCH (dtype, k_mv_grouped, g, 32 * RX_CU_MV_WARPS, (const uint8_t *) w, row_bytes,
+                    expert_bytes, (int) in, (int) out, offsets, n_expert, (long long) (row0 + r0),
+                    x + r0 * ldx, ldx, y + r0 * ldy, ldy, (int) nr, accumulate);
+        int rc = s_status ();
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* moe_combine: one thread per (token, column); the choices in order, each
+ * product and sum rounded on its own (__fmul_rn/__fadd_rn: nvcc would
+ * otherwise contract w * y + acc into an FMA, which kernels-cpu never
+ * does). */
+static __global__ void k_moe_combine (const float *y, size_t ldy, const int32_t *row, const float *w,
+                                      size_t n_tok, size_t k, size_t dim, float *out, size_t ldo,
+                                      int accumulate)
+{
+    const size_t total = n_tok * dim;
+    for (size_t t = blockIdx.x * (size_t) blockDim.x + threadIdx.x; t < total;
+         t += (size_t) gridDim.x * blockDim.x) {
+        const size_t tok = t / dim, c = t % dim;
+        const int32_t *rr = row + tok * k;
+        const float *wr = w + tok * k;
+        float acc = 0.f;
+        bool have = false;
+        for (size_t j = 0; j < k; j++) {
+            const int32_t r = rr[j];
+            if (r < 0) continue;
+            const float p = __fmul_rn (wr[j], y[(size_t) r * ldy + c]);
+            acc = have ? __fadd_rn (acc, p) : p;
+            have = true;
+        }
+        float *o = out + tok * ldo + c;
+        if (accumulate) {
+            if (have) *o = __fadd_rn (*o, acc);
+        } else {
+            *o = have ? acc : 0.f;
+        }
+    }
+}
+
+extern "C" int rx_cuk_moe_combine (cudaStream_t st, const float *y, size_t ldy, const int32_t *row,
+                                   const float *w, size_t n_tok, size_t k, size_t dim, float *out,
+                                   size_t ldo, int accumulate)
+{
+    if (n_tok == 0 || dim == 0) return 0;
+    k_moe_combine<<<rx_cuplan_blocks (n_tok * dim, 256, S_MAX_GRID), 256, 0, st>>> (
+        y, ldy, row, w, n_tok, k, dim, out, ldo, accumulate);
     return s_status ();
 }

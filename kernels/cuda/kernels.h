@@ -85,6 +85,36 @@ int rx_cuk_attention (cudaStream_t st, const float *q, size_t ldq, const void *k
                       int n_head, float scale, float softcap, int window, float *out, size_t ldo,
                       int tiled);
 
+/* ---- the MoE expert pass (radix/kernel.h moe_route, moe_sort,
+ * gather_rows, matmul_grouped, moe_combine; plan.h for the sizes) ---- */
+
+/* DeepSeek routing, one block per row, as core/moe_route.h (the same
+ * choices in the same order and the same weights); smem from
+ * rx_cuplan_moe_route.  ids / w: [rows][k]. */
+int rx_cuk_moe_route (cudaStream_t st, const float *probs, const float *sel, size_t ld,
+                      size_t rows, int n_expert, int n_group, int topk_group, int k, int norm,
+                      float scale, int32_t *ids, float *w, size_t smem);
+/* Stable counting sort of n = n_tok * k choices in one block of `warps`
+ * warps (rx_cuplan_moe_sort); n <= INT32_MAX. */
+int rx_cuk_moe_sort (cudaStream_t st, const int32_t *ids, size_t n, int k, int n_expert,
+                     int32_t *offsets, int32_t *row, int32_t *src, unsigned warps, size_t smem);
+/* y[i] = x[idx[i]] (zeros for idx[i] < 0), n rows of dim. */
+int rx_cuk_gather_rows (cudaStream_t st, const float *x, size_t ldx, const int32_t *idx, size_t n,
+                        size_t dim, float *y, size_t ldy);
+/* Sorted rows row0 .. row0+n-1 (x, y rows 0..n-1) through expert e's slice
+ * w + e * expert_bytes of a [in, out, n_expert] weight, e from offsets
+ * (device int32 [n_expert + 1]); rows at or past offsets[n_expert] are not
+ * written.  The simple matvec kernel (enum rx_cumv_kernel SIMPLE). */
+int rx_cuk_matvec_grouped (cudaStream_t st, int dtype, const void *w, size_t row_bytes,
+                           size_t expert_bytes, size_t in, size_t out, const int32_t *offsets,
+                           int n_expert, size_t row0, const float *x, size_t ldx, float *y,
+                           size_t ldy, size_t n, int accumulate);
+/* out[t] (+)= the choice-ordered sum of w * y[row] over t's choices with
+ * row >= 0, products and sums each rounded (no FMA). */
+int rx_cuk_moe_combine (cudaStream_t st, const float *y, size_t ldy, const int32_t *row,
+                        const float *w, size_t n_tok, size_t k, size_t dim, float *out,
+                        size_t ldo, int accumulate);
+
 #ifdef __cplusplus
 }
 #endif

@@ -114,3 +114,68 @@ int rx_cuplan_matmul (int dtype, size_t n, size_t in, size_t out, size_t matvec_
     }
     return RX_OK;
 }
+
+/* ------------------------------------------------------- MoE expert pass -- */
+
+int rx_cuplan_moe_sort (size_t n_expert, uint32_t *warps, size_t *smem, struct rx_err *err)
+{
+    if (n_expert < 1 || n_expert > RX_CU_MOE_MAX_EXPERT)
+        return rx_err_set (err, RX_ENOTSUP, "kernels-cuda moe_sort: n_expert %zu outside 1..%d "
+                           "(the kernel's histograms live in shared memory)", n_expert,
+                           RX_CU_MOE_MAX_EXPERT);
+    /* W histograms of n_expert plus the offsets, in int32. */
+    const size_t cap = RX_CU_SMEM_DEFAULT / sizeof (int32_t) - (n_expert + 1);
+    size_t w = cap / n_expert;
+    if (w > 32) w = 32;
+    if (warps) *warps = (uint32_t) w;   /* >= 1: n_expert <= 4096 leaves room for one */
+    if (smem) *smem = (w * n_expert + n_expert + 1) * sizeof (int32_t);
+    return RX_OK;
+}
+
+int rx_cuplan_moe_route (size_t n_expert, size_t n_group, size_t k, size_t *smem,
+                         struct rx_err *err)
+{
+    const size_t g = n_group > 1 ? n_group : 1;
+    if (n_expert < 1 || n_expert > RX_CU_MOE_MAX_EXPERT || k < 1 || k > n_expert || g > n_expert)
+        return rx_err_set (err, RX_ENOTSUP, "kernels-cuda moe_route: n_expert %zu (1..%d), "
+                           "n_group %zu, k %zu: no kernel for this shape", n_expert,
+                           RX_CU_MOE_MAX_EXPERT, n_group, k);
+    /* floats sel[n_expert], gs[g]; int32 ids[k]; bytes taken[n_expert], keep[g];
+     * the kernel's static reduction scratch (3 x 32 words) comes on top. */
+    const size_t b = (n_expert + g + k) * 4 + n_expert + g;
+    if (b > RX_CU_SMEM_DEFAULT - RX_CU_ROUTE_STATIC_SMEM)
+        return rx_err_set (err, RX_ENOTSUP, "kernels-cuda moe_route: n_expert %zu, n_group %zu, "
+                           "k %zu need %zu bytes of shared memory (at most %d)", n_expert,
+                           n_group, k, b, RX_CU_SMEM_DEFAULT - RX_CU_ROUTE_STATIC_SMEM);
+    if (smem) *smem = b;
+    return RX_OK;
+}
+
+int rx_cuplan_matmul_grouped (int dtype, size_t n, size_t in, size_t out, size_t slice_bytes,
+                              struct rx_cugm_plan *p, struct rx_err *err)
+{
+    if (!p) return rx_err_set (err, RX_EINVAL, "kernels-cuda matmul_grouped plan: NULL plan");
+    *p = (struct rx_cugm_plan) { 0 };
+    if (rx_cu_blk_elems (dtype) == 0)
+        return rx_err_set (err, RX_ENOTSUP, "kernels-cuda matmul_grouped: no kernel for weight "
+                           "dtype %d", dtype);
+    if (in == 0 || out == 0 || in % 32 || rx_cu_row_bytes (dtype, in) == 0 || in > INT32_MAX)
+        return rx_err_set (err, RX_EINVAL, "kernels-cuda matmul_grouped: in = %zu must be a "
+                           "positive multiple of 32 and of the dtype's block, out = %zu > 0",
+                           in, out);
+    if (out > UINT32_MAX / 2)
+        return rx_err_set (err, RX_EINVAL, "kernels-cuda matmul_grouped: out = %zu is too large",
+                           out);
+    if (slice_bytes == 0) slice_bytes = (size_t) 64 << 20;
+    p->grid_x = rx_cuplan_blocks (out, RX_CU_MV_WARPS, 0);
+    p->act_qblk = rx_cu_act_qblk (dtype);
+    p->rows_per_pass = n;
+    if (p->act_qblk) {
+        size_t rows = slice_bytes / (in * sizeof (float));
+        rows = rows / RX_CU_MV_MAX_ROWS * RX_CU_MV_MAX_ROWS;
+        if (rows < RX_CU_MV_MAX_ROWS) rows = RX_CU_MV_MAX_ROWS;
+        if (rows < n) p->rows_per_pass = rows;
+        p->q_scratch = p->rows_per_pass * in * sizeof (float);
+    }
+    return RX_OK;
+}

@@ -132,6 +132,47 @@ int rx_cuplan_attn_tiled (int enabled, int hd_k, int hd_v, int n_tokens, int n_s
  * (rows padded by one float against bank conflicts) and the P tile. */
 size_t rx_cuplan_attn_tiled_smem (int hd_k, int hd_v);
 
+/* ---- the MoE expert pass (kernel ABI 1.2 moe_route, 1.3 moe_sort,
+ * gather_rows, matmul_grouped, moe_combine) ---- */
+
+/* Experts moe_route and moe_sort take (their scratch is shared memory). */
+#define RX_CU_MOE_MAX_EXPERT 4096
+/* Shared memory a kernel may take without opting in (bytes). */
+#define RX_CU_SMEM_DEFAULT 49152
+/* moe_route's static shared memory (its block reduction), left out of
+ * the dynamic part rx_cuplan_moe_route sizes. */
+#define RX_CU_ROUTE_STATIC_SMEM 512
+
+/* moe_sort runs as one block of *warps warps (1..32): warp w owns a
+ * contiguous segment of the choices and a histogram of n_expert counts;
+ * *smem = the warps' histograms plus offsets [n_expert + 1] (int32).
+ * As many warps as RX_CU_SMEM_DEFAULT holds histograms for.  RX_ENOTSUP
+ * for n_expert outside 1..RX_CU_MOE_MAX_EXPERT. */
+int rx_cuplan_moe_sort (size_t n_expert, uint32_t *warps, size_t *smem, struct rx_err *err);
+
+/* moe_route: one block of rx_cuplan_row_threads (n_expert) threads per row;
+ * *smem = the row's sel (floats), group scores, chosen ids, taken and kept
+ * flags.  RX_ENOTSUP when n_expert exceeds RX_CU_MOE_MAX_EXPERT or the
+ * scratch exceeds RX_CU_SMEM_DEFAULT; n_group <= 1 counts as one group. */
+int rx_cuplan_moe_route (size_t n_expert, size_t n_group, size_t k, size_t *smem,
+                         struct rx_err *err);
+
+/* matmul_grouped: the simple matvec kernel per row, each row's expert found
+ * in the device offsets.  Quantized weights first quantize-dequantize the
+ * activations as kernels-cpu does (act_qblk 32 or 256, as matmul), into a
+ * scratch of rows_per_pass x in floats (bounded by slice_bytes, 0 = 64 MiB;
+ * a multiple of RX_CU_MV_MAX_ROWS rows, at least that many), so prefill
+ * batches run in passes; float weights take all n rows in one pass with no
+ * scratch.  grid_x: blocks of RX_CU_MV_WARPS output rows. */
+struct rx_cugm_plan {
+    int      act_qblk;
+    size_t   rows_per_pass;
+    size_t   q_scratch;      /* bytes */
+    uint32_t grid_x;
+};
+int rx_cuplan_matmul_grouped (int dtype, size_t n, size_t in, size_t out, size_t slice_bytes,
+                              struct rx_cugm_plan *p, struct rx_err *err);
+
 #ifdef __cplusplus
 }
 #endif

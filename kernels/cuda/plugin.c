@@ -412,7 +412,7 @@ static int s_info (void *be, struct rx_kernels_info *info)
     info->name = "cuda";
     snprintf (info->device, sizeof info->device, "%s", c->dev_name);
     info->mem_bytes = c->mem_bytes;
-    info->caps = RX_KCAP_GRAPHS | RX_KCAP_ASYNC | RX_KCAP_KV_F16;
+    info->caps = RX_KCAP_GRAPHS | RX_KCAP_ASYNC | RX_KCAP_KV_F16 | RX_KCAP_WEIGHT_COPY;   /* weight_load: cudaMemcpy */
     if (info->struct_size >= offsetof (struct rx_kernels_info, threads) + sizeof (int32_t))
         info->threads = 0;
     if (info->struct_size >= offsetof (struct rx_kernels_info, device_index) + sizeof (int32_t)) {
@@ -1001,6 +1001,149 @@ static int s_topk (void *be, rx_kstream_t *s, const float *x, size_t ldx, size_t
     return RX_OK;
 }
 
+/* --------------------------------------------- MoE routing and expert pass -- */
+
+static int s_moe_route (void *be, rx_kstream_t *s, const float *probs, const float *sel, size_t ld,
+                        size_t rows, size_t n_expert, size_t n_group, size_t topk_group, size_t kk,
+                        int norm, float scale, int32_t *ids, float *w, struct rx_err *err)
+{
+    S_BEGIN ("moe_route");
+    S_NEED (n_expert >= 1, "kernels-cuda moe_route: n_expert is 0");
+    S_NEED (kk >= 1 && kk <= n_expert, "kernels-cuda moe_route: k = %zu outside 1..%zu", kk, n_expert);
+    if (n_group > 1) {
+        S_NEED (n_expert % n_group == 0, "kernels-cuda moe_route: %zu experts do not split into %zu "
+                "groups", n_expert, n_group);
+        S_NEED (topk_group >= 1 && topk_group <= n_group,
+                "kernels-cuda moe_route: topk_group %zu outside 1..%zu", topk_group, n_group);
+        S_NEED (topk_group * (n_expert / n_group) >= kk,
+                "kernels-cuda moe_route: %zu groups of %zu experts hold fewer than k = %zu",
+                topk_group, n_expert / n_group, kk);
+    }
+    S_VIEW (probs, ld, rows, n_expert, 0);
+    S_VIEW (sel, ld, rows, n_expert, 0);
+    S_NEED (rows == 0 || (ids && w), "kernels-cuda moe_route: ids or w is NULL");
+    size_t smem = 0;
+    int rc = rx_cuplan_moe_route (n_expert, n_group, kk, &smem, err);
+    if (rc != RX_OK) return rc;
+    if (rows == 0) return RX_OK;
+    S_LAUNCH (rx_cuk_moe_route (st, probs, sel, rows > 1 ? ld : n_expert, rows, (int) n_expert,
+                                (int) (n_group > 1 ? n_group : 1), (int) topk_group, (int) kk, norm,
+                                scale, ids, w, smem), s_op);
+    return RX_OK;
+}
+
+static int s_moe_sort (void *be, rx_kstream_t *s, const int32_t *ids, size_t n_tok, size_t kk,
+                       size_t n_expert, int32_t *offsets, int32_t *row, int32_t *src,
+                       struct rx_err *err)
+{
+    S_BEGIN ("moe_sort");
+    S_NEED (n_expert >= 1, "kernels-cuda moe_sort: n_expert is 0");
+    S_NEED (kk >= 1, "kernels-cuda moe_sort: k is 0");
+    S_NEED (n_tok <= INT32_MAX / kk, "kernels-cuda moe_sort: %zu tokens x k = %zu choices do not "
+            "fit int32 rows", n_tok, kk);
+    S_NEED (offsets, "kernels-cuda moe_sort: offsets is NULL");
+    S_NEED (n_tok == 0 || (ids && row && src), "kernels-cuda moe_sort: ids, row or src is NULL");
+    uint32_t warps = 0;
+    size_t smem = 0;
+    int rc = rx_cuplan_moe_sort (n_expert, &warps, &smem, err);
+    if (rc != RX_OK) return rc;
+    /* n_tok 0 still runs: it writes the offsets (zeros). */
+    S_LAUNCH (rx_cuk_moe_sort (st, ids, n_tok * kk, (int) kk, (int) n_expert, offsets, row, src,
+                               warps, smem), s_op);
+    return RX_OK;
+}
+
+static int s_gather_rows (void *be, rx_kstream_t *s, const float *x, size_t ldx, const int32_t *idx,
+                          size_t n, size_t dim, float *y, size_t ldy, struct rx_err *err)
+{
+    S_BEGIN ("gather_rows");
+    S_NEED (n == 0 || (x && idx), "kernels-cuda gather_rows: x or idx is NULL");
+    /* x's rows are picked by idx: its ld matters even for one row. */
+    S_NEED (n == 0 || ldx >= dim, "kernels-cuda gather_rows: ldx = %zu is smaller than dim %zu",
+            ldx, dim);
+    S_VIEW (y, ldy, n, dim, 0);
+    if (n == 0 || dim == 0) return RX_OK;
+    S_LAUNCH (rx_cuk_gather_rows (st, x, ldx, idx, n, dim, y, n > 1 ? ldy : dim), s_op);
+    return RX_OK;
+}
+
+/* The offsets are device memory: unlike kernels-cpu they are not checked
+ * (that would take a synchronize); the kernel trusts moe_sort's.  A row
+ * outside [offsets[0], offsets[n_expert]) is not written. */
+static int s_matmul_grouped (void *be, rx_kstream_t *s, const rx_kweight_t *w, const int32_t *offsets,
+                             size_t row0, const float *x, size_t ldx, float *y, size_t ldy,
+                             size_t n, uint32_t flags, struct rx_err *err)
+{
+    S_BEGIN ("matmul_grouped");
+    S_NEED (s_weight_ok (w), "kernels-cuda matmul_grouped: bad weight handle");
+    S_NEED (w->n_dims >= 3 && w->ne[3] == 1,
+            "kernels-cuda matmul_grouped: weight must be 3-D [in, out, n_expert] (it has %u dims)",
+            w->n_dims);
+    S_NEED (w->ne[2] < INT32_MAX, "kernels-cuda matmul_grouped: %llu experts",
+            (unsigned long long) w->ne[2]);
+    S_NEED ((flags & ~RX_MM_ACCUMULATE) == 0, "kernels-cuda matmul_grouped: unknown flags 0x%x",
+            flags);
+    const size_t in = (size_t) w->ne[0], out = (size_t) w->ne[1];
+    S_VIEW (x, ldx, n, in, 0);
+    S_VIEW (y, ldy, n, out, 0);
+    S_NEED (n == 0 || offsets, "kernels-cuda matmul_grouped: offsets is NULL");
+    if (n == 0) return RX_OK;
+    S_NEED (row0 <= INT32_MAX && n <= (size_t) INT32_MAX - row0,
+            "kernels-cuda matmul_grouped: rows %zu + %zu exceed int32", row0, n);
+    if (n == 1) {
+        ldx = in;
+        ldy = out;
+    }
+    struct rx_cugm_plan pl;
+    int rc = rx_cuplan_matmul_grouped (w->dtype, n, in, out, 0, &pl, err);
+    if (rc != RX_OK) return rc;
+    if (c->prof) {
+        char pn[40];
+        snprintf (pn, sizeof pn, "matmul_grouped.%s", rx_dtype_name (w->dtype));
+        s_prof_name (&ps_, pn);
+    }
+    /* Scratch of the quantized activations: matmul's, reused in stream
+     * order (and grown only past the largest pass so far). */
+    void *scr = NULL;
+    if (pl.q_scratch && (rc = s_scratch (c, pl.q_scratch, &scr, err)) != RX_OK) return rc;
+    const int acc = (flags & RX_MM_ACCUMULATE) != 0;
+    for (size_t p0 = 0; p0 < n; p0 += pl.rows_per_pass) {
+        const size_t np = n - p0 < pl.rows_per_pass ? n - p0 : pl.rows_per_pass;
+        const float *xp = x + p0 * ldx;
+        size_t ldxp = ldx;
+        if (pl.act_qblk) {
+            /* The CPU's integer dots see quantized activations: so do we. */
+            S_LAUNCH (rx_cuk_act_qdq (st, xp, ldx, np, in, pl.act_qblk, (float *) scr), s_op);
+            xp = (const float *) scr;
+            ldxp = in;
+        }
+        S_LAUNCH (rx_cuk_matvec_grouped (st, w->dtype, w->d, w->row_bytes, out * w->row_bytes, in,
+                                         out, offsets, (int) w->ne[2], row0 + p0, xp, ldxp,
+                                         y + p0 * ldy, ldy, np, acc), s_op);
+    }
+    return RX_OK;
+}
+
+static int s_moe_combine (void *be, rx_kstream_t *s, const float *y, size_t ldy, const int32_t *row,
+                          const float *w, size_t n_tok, size_t kk, size_t dim, float *out, size_t ldo,
+                          uint32_t flags, struct rx_err *err)
+{
+    S_BEGIN ("moe_combine");
+    S_NEED (kk >= 1, "kernels-cuda moe_combine: k is 0");
+    S_NEED ((flags & ~RX_MM_ACCUMULATE) == 0, "kernels-cuda moe_combine: unknown flags 0x%x", flags);
+    S_NEED (n_tok <= SIZE_MAX / kk, "kernels-cuda moe_combine: %zu tokens x k = %zu overflow",
+            n_tok, kk);
+    S_NEED (n_tok == 0 || (y && row && w), "kernels-cuda moe_combine: y, row or w is NULL");
+    /* y's rows are picked by row: its ld matters even for one token. */
+    S_NEED (n_tok == 0 || ldy >= dim, "kernels-cuda moe_combine: ldy = %zu is smaller than dim %zu",
+            ldy, dim);
+    S_VIEW (out, ldo, n_tok, dim, 0);
+    if (n_tok == 0 || dim == 0) return RX_OK;
+    S_LAUNCH (rx_cuk_moe_combine (st, y, ldy, row, w, n_tok, kk, dim, out, n_tok > 1 ? ldo : dim,
+                                  (flags & RX_MM_ACCUMULATE) != 0), s_op);
+    return RX_OK;
+}
+
 static int s_pool_check (const struct rx_kv_pool *pool, const char *s_op, struct rx_err *err)
 {
     S_NEED (pool, "kernels-cuda %s: pool is NULL", s_op);
@@ -1108,6 +1251,11 @@ static const struct rx_kernels_ops s_ops = {
     .topk = s_topk,
     .kv_store = s_kv_store,
     .attention = s_attention,
+    .moe_route = s_moe_route,
+    .moe_sort = s_moe_sort,
+    .gather_rows = s_gather_rows,
+    .matmul_grouped = s_matmul_grouped,
+    .moe_combine = s_moe_combine,
 };
 
 RX_PLUGIN_DEFINE (.kind = RX_KIND_KERNELS, .name = "cuda", .version = S_VERSION,

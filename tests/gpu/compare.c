@@ -284,6 +284,12 @@ static void s_route_case (size_t rows, size_t nx, size_t g, size_t tg, size_t k)
     float *p = s_rand (rows * nx, 1.f), *sel = s_rand (rows * nx, 1.f);
     for (size_t i = 0; i < rows * nx; i++) p[i] = fabsf (p[i]) + 0.01f;
     for (size_t e = 0; e < nx; e++) sel[e] = 0.5f;
+    if (rows >= 3) {   /* NaN and -inf scores: the serial loop's choice, exactly */
+        sel[nx] = NAN;
+        sel[nx + 5] = -INFINITY;
+        sel[2 * nx + 3] = NAN;
+        sel[2 * nx + nx - 1] = INFINITY;
+    }
     int32_t *ids[2] = { malloc (rows * k * 4), malloc (rows * k * 4) };
     float *w[2] = { malloc (rows * k * 4), malloc (rows * k * 4) };
     struct be *bs[2] = { &C, &G };
@@ -303,6 +309,240 @@ static void s_route_case (size_t rows, size_t nx, size_t g, size_t tg, size_t k)
     s_check_i (what, ids[1], ids[0], rows * k);
     s_check (what, w[1], w[0], rows * k, 0);
     free (p); free (sel); free (ids[0]); free (ids[1]); free (w[0]); free (w[1]);
+}
+
+/* -------------------------------------------- MoE expert pass (ABI 1.3) -- */
+
+/* The four ops come together (radix/kernel.h): skipped while either
+ * backend lacks them. */
+static int s_have_moe (const char *what)
+{
+    if (RX_HAS (struct rx_kernels_ops, G.K, moe_combine) && RX_HAS (struct rx_kernels_ops, C.K, moe_combine) &&
+        G.K->moe_sort && C.K->moe_sort && G.K->gather_rows && C.K->gather_rows &&
+        G.K->matmul_grouped && C.K->matmul_grouped && G.K->moe_combine && C.K->moe_combine)
+        return 1;
+    printf ("SKIP  %s: a backend lacks the ABI 1.3 MoE ops\n", what);
+    return 0;
+}
+
+/* Random expert ids in -1 .. n_expert (both ends invalid), or valid only. */
+static int32_t *s_ids (size_t n, size_t n_expert, int invalid)
+{
+    int32_t *ids = malloc ((n ? n : 1) * sizeof *ids);
+    for (size_t i = 0; i < n; i++) {
+        int32_t v = (int32_t) ((s_unif () * 0.5f + 0.5f) * (float) n_expert);
+        if (v >= (int32_t) n_expert) v = (int32_t) n_expert - 1;
+        if (invalid && i % 13 == 5) v = -1;
+        if (invalid && i % 17 == 3) v = (int32_t) n_expert;
+        ids[i] = v;
+    }
+    if (n > 3) ids[1] = ids[2] = ids[0];   /* one expert twice in a token and across tokens */
+    return ids;
+}
+
+static void s_sort_case (size_t n_tok, size_t k, size_t n_expert, int invalid)
+{
+    if (!s_have_moe ("moe_sort")) return;
+    const size_t n = n_tok * k;
+    int32_t *ids = s_ids (n, n_expert, invalid);
+    int32_t *res[2][3];
+    struct be *bs[2] = { &C, &G };
+    for (int i = 0; i < 2; i++) {
+        struct be *b = bs[i];
+        int32_t *di = s_up (b, ids, n * 4), *doff = NULL, *drow = NULL, *dsrc = NULL;
+        const int32_t junk = 0x5a5a5a5a;
+        int32_t *fill = malloc ((n + n_expert + 1) * 4);
+        for (size_t j = 0; j < n + n_expert + 1; j++) fill[j] = junk;
+        doff = s_up (b, fill, (n_expert + 1) * 4);
+        drow = s_up (b, fill, n * 4);
+        dsrc = s_up (b, fill, n * 4);
+        TRY (b, b->K->moe_sort (b->be, NULL, di, n_tok, k, n_expert, doff, drow, dsrc, err));
+        for (int a = 0; a < 3; a++) res[i][a] = malloc ((n + n_expert + 1) * 4);
+        s_down (b, res[i][0], doff, (n_expert + 1) * 4);
+        s_down (b, res[i][1], drow, n * 4);
+        s_down (b, res[i][2], dsrc, n * 4);
+        b->K->free_ (b->be, di); b->K->free_ (b->be, doff); b->K->free_ (b->be, drow);
+        b->K->free_ (b->be, dsrc);
+        free (fill);
+    }
+    char what[96];
+    snprintf (what, sizeof what, "moe_sort tok %zu k %zu experts %zu%s: offsets", n_tok, k, n_expert,
+              invalid ? " (invalid ids)" : "");
+    s_check_i (what, res[1][0], res[0][0], n_expert + 1);
+    snprintf (what, sizeof what, "moe_sort tok %zu k %zu experts %zu: row", n_tok, k, n_expert);
+    s_check_i (what, res[1][1], res[0][1], n);
+    snprintf (what, sizeof what, "moe_sort tok %zu k %zu experts %zu: src", n_tok, k, n_expert);
+    s_check_i (what, res[1][2], res[0][2], n);
+    for (int i = 0; i < 2; i++)
+        for (int a = 0; a < 3; a++) free (res[i][a]);
+    free (ids);
+}
+
+static void s_gather_case (size_t nx, size_t n, size_t dim)
+{
+    if (!s_have_moe ("gather_rows")) return;
+    const size_t ldx = dim + 3, ldy = dim + 5;
+    float *x = s_rand (nx * ldx, 1.f), *y0 = s_rand (n * ldy, 7.f);
+    int32_t *idx = malloc (n * 4);
+    for (size_t i = 0; i < n; i++) idx[i] = i % 5 == 2 ? -1 : (int32_t) ((i * 7 + 3) % nx);
+    float *res[2] = { malloc (n * ldy * 4), malloc (n * ldy * 4) };
+    struct be *bs[2] = { &C, &G };
+    for (int i = 0; i < 2; i++) {
+        struct be *b = bs[i];
+        float *dx = s_up (b, x, nx * ldx * 4), *dy = s_up (b, y0, n * ldy * 4);
+        int32_t *di = s_up (b, idx, n * 4);
+        TRY (b, b->K->gather_rows (b->be, NULL, dx, ldx, di, n, dim, dy, ldy, err));
+        s_down (b, res[i], dy, n * ldy * 4);
+        b->K->free_ (b->be, dx); b->K->free_ (b->be, dy); b->K->free_ (b->be, di);
+    }
+    char what[96];
+    snprintf (what, sizeof what, "gather_rows n %zu dim %zu (idx -1, pad kept)", n, dim);
+    s_check (what, res[1], res[0], n * ldy, 0);
+    free (x); free (y0); free (idx); free (res[0]); free (res[1]);
+}
+
+static void s_combine_case (size_t n_tok, size_t k, size_t dim, uint32_t flags)
+{
+    if (!s_have_moe ("moe_combine")) return;
+    const size_t ny = n_tok * k + 3, ldy = dim + 2, ldo = dim + 6;
+    float *y = s_rand (ny * ldy, 3.f), *w = s_rand (n_tok * k, 1.f), *o0 = s_rand (n_tok * ldo, 5.f);
+    int32_t *row = malloc (n_tok * k * 4);
+    for (size_t i = 0; i < n_tok * k; i++) row[i] = i % 7 == 4 ? -1 : (int32_t) ((i * 11 + 1) % ny);
+    if (n_tok > 2)   /* a token with no choice left: zeros, or out kept with += */
+        for (size_t j = 0; j < k; j++) row[2 * k + j] = -1;
+    float *res[2] = { malloc (n_tok * ldo * 4), malloc (n_tok * ldo * 4) };
+    struct be *bs[2] = { &C, &G };
+    for (int i = 0; i < 2; i++) {
+        struct be *b = bs[i];
+        float *dy = s_up (b, y, ny * ldy * 4), *dw = s_up (b, w, n_tok * k * 4);
+        float *dout = s_up (b, o0, n_tok * ldo * 4);
+        int32_t *dr = s_up (b, row, n_tok * k * 4);
+        TRY (b, b->K->moe_combine (b->be, NULL, dy, ldy, dr, dw, n_tok, k, dim, dout, ldo, flags, err));
+        s_down (b, res[i], dout, n_tok * ldo * 4);
+        b->K->free_ (b->be, dy); b->K->free_ (b->be, dw); b->K->free_ (b->be, dout);
+        b->K->free_ (b->be, dr);
+    }
+    char what[96];
+    snprintf (what, sizeof what, "moe_combine tok %zu k %zu dim %zu%s (exact)", n_tok, k, dim,
+              flags ? " +=" : "");
+    s_check (what, res[1], res[0], n_tok * ldo, 0);
+    free (y); free (w); free (o0); free (row); free (res[0]); free (res[1]);
+}
+
+/* matmul_grouped over a window [row0, row0 + n) of the rows moe_sort's
+ * offsets describe (computed here on the host from random ids, invalid
+ * ones included, so offsets[n_expert] < the choices).  y is filled with a
+ * sentinel first: rows at or past offsets[n_expert] must keep it, on
+ * both backends. */
+static void s_grouped_case (int dtype, size_t in, size_t out, size_t n_exp, size_t n_choice,
+                            size_t row0, size_t n, uint32_t flags, double tol)
+{
+    if (!s_have_moe ("matmul_grouped")) return;
+    const size_t rows = out * n_exp, rb = rx_dtype_row_bytes (dtype, in);
+    float *wf = s_rand (in * rows, 0.5f);
+    uint8_t *wq = malloc (rb * rows);
+    for (size_t r = 0; r < rows; r++) rx_quantize_row (dtype, wf + r * in, wq + r * rb, in);
+    struct rx_weight_view v = { .name = "w_exps", .dtype = dtype, .n_dims = 3,
+                                .ne = { in, out, n_exp, 1 }, .data = wq, .nbytes = rb * rows };
+    int32_t *ids = s_ids (n_choice, n_exp, 1);
+    int32_t *off = calloc (n_exp + 1, 4);
+    for (size_t i = 0; i < n_choice; i++)
+        if (ids[i] >= 0 && (size_t) ids[i] < n_exp) off[ids[i] + 1]++;
+    for (size_t e = 0; e < n_exp; e++) off[e + 1] += off[e];
+    const size_t valid = (size_t) off[n_exp];
+    const size_t ldx = in + 8, ldy = out + 4;
+    float *x = s_rand (n * ldx, 1.f), *y0 = malloc (n * ldy * 4);
+    for (size_t i = 0; i < n * ldy; i++) y0[i] = flags ? s_unif () : 4242.f;
+    float *res[2] = { malloc (n * ldy * 4), malloc (n * ldy * 4) };
+    struct be *bs[2] = { &C, &G };
+    for (int i = 0; i < 2; i++) {
+        struct be *b = bs[i];
+        rx_kweight_t *w = NULL;
+        TRY (b, b->K->weight_load (b->be, &v, &w, err));
+        float *dx = s_up (b, x, n * ldx * 4), *dy = s_up (b, y0, n * ldy * 4);
+        int32_t *doff = s_up (b, off, (n_exp + 1) * 4);
+        TRY (b, b->K->matmul_grouped (b->be, NULL, w, doff, row0, dx, ldx, dy, ldy, n, flags, err));
+        s_down (b, res[i], dy, n * ldy * 4);
+        b->K->free_ (b->be, dx); b->K->free_ (b->be, dy); b->K->free_ (b->be, doff);
+        b->K->weight_free (b->be, w);
+    }
+    char what[128];
+    snprintf (what, sizeof what, "matmul_grouped %s in %zu out %zu x%zu rows %zu+%zu/%zu%s",
+              rx_dtype_name (dtype), in, out, n_exp, row0, n, valid, flags ? " +=" : "");
+    s_check (what, res[1], res[0], n * ldy, tol);
+    /* The rows past the valid ones, and every row's pad, exactly as given. */
+    size_t bad = 0;
+    for (int i = 0; i < 2; i++)
+        for (size_t r = 0; r < n; r++)
+            for (size_t c = 0; c < ldy; c++)
+                if ((row0 + r >= valid || c >= out) && res[i][r * ldy + c] != y0[r * ldy + c]) bad++;
+    snprintf (what, sizeof what, "matmul_grouped %s: rows past offsets[n_expert] kept",
+              rx_dtype_name (dtype));
+    printf ("%s  %-52s %zu values changed\n", bad ? "FAIL" : "PASS", what, bad);
+    if (bad) n_fail++; else n_pass++;
+    free (wf); free (wq); free (ids); free (off); free (x); free (y0); free (res[0]); free (res[1]);
+}
+
+/* The whole expert pass captured as one graph on the compared backend and
+ * replayed: the same bits as the eager run (no op synchronizes or
+ * allocates in a way capture refuses). */
+static void s_moe_graph_case (int dtype)
+{
+    struct rx_kernels_info gi = { .struct_size = sizeof gi };
+    G.K->info (G.be, &gi);
+    if (!(gi.caps & RX_KCAP_GRAPHS)) {
+        printf ("SKIP  moe graph: backend %s does not capture\n", gi.name);
+        return;
+    }
+    if (!s_have_moe ("moe graph")) return;
+    const struct rx_kernels_ops *K = G.K;
+    const size_t n_tok = 6, k = 4, n_exp = 8, in = 256, out = 64, n = n_tok * k;
+    const size_t rb = rx_dtype_row_bytes (dtype, in);
+    float *wf = s_rand (in * out * n_exp, 0.5f);
+    uint8_t *wq = malloc (rb * out * n_exp);
+    for (size_t r = 0; r < out * n_exp; r++) rx_quantize_row (dtype, wf + r * in, wq + r * rb, in);
+    struct rx_weight_view v = { .name = "w_exps", .dtype = dtype, .n_dims = 3,
+                                .ne = { in, out, n_exp, 1 }, .data = wq, .nbytes = rb * out * n_exp };
+    rx_kweight_t *w = NULL;
+    TRY (&G, K->weight_load (G.be, &v, &w, err));
+    int32_t *ids = s_ids (n, n_exp, 1);
+    float *x = s_rand (n_tok * in, 1.f), *cw = s_rand (n, 1.f);
+    int32_t *di = s_up (&G, ids, n * 4), *doff = NULL, *drow = NULL, *dsrc = NULL;
+    float *dx = s_up (&G, x, n_tok * in * 4), *dw = s_up (&G, cw, n * 4), *dxs = NULL, *dys = NULL,
+          *dout = NULL;
+    TRY (&G, K->alloc (G.be, (n_exp + 1) * 4, 0, (void **) &doff, err));
+    TRY (&G, K->alloc (G.be, n * 4, 0, (void **) &drow, err));
+    TRY (&G, K->alloc (G.be, n * 4, 0, (void **) &dsrc, err));
+    TRY (&G, K->alloc (G.be, n * in * 4, 0, (void **) &dxs, err));
+    TRY (&G, K->alloc (G.be, n * out * 4, 0, (void **) &dys, err));
+    TRY (&G, K->alloc (G.be, n_tok * out * 4, 0, (void **) &dout, err));
+    rx_kstream_t *st = NULL;
+    TRY (&G, K->stream_create (G.be, &st, err));
+    float *eager = malloc (n_tok * out * 4), *replay = malloc (n_tok * out * 4);
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) TRY (&G, K->graph_begin (G.be, st, 77, err));
+        TRY (&G, K->memset_ (G.be, st, dys, 0, n * out * 4, err));
+        TRY (&G, K->moe_sort (G.be, st, di, n_tok, k, n_exp, doff, drow, dsrc, err));
+        TRY (&G, K->gather_rows (G.be, st, dx, in, dsrc, n, in, dxs, in, err));
+        TRY (&G, K->matmul_grouped (G.be, st, w, doff, 0, dxs, in, dys, out, n, 0, err));
+        TRY (&G, K->moe_combine (G.be, st, dys, out, drow, dw, n_tok, k, out, dout, out, 0, err));
+        if (pass == 1) {
+            TRY (&G, K->graph_end (G.be, st, 77, err));
+            TRY (&G, K->memset_ (G.be, st, dout, 0xff, n_tok * out * 4, err));
+            TRY (&G, K->graph_launch (G.be, st, 77, err));
+        }
+        TRY (&G, K->synchronize (G.be, st, err));
+        TRY (&G, K->copy_d2h (G.be, st, pass ? replay : eager, dout, n_tok * out * 4, err));
+        TRY (&G, K->synchronize (G.be, st, err));
+    }
+    char what[96];
+    snprintf (what, sizeof what, "moe expert pass %s: graph replay = eager", rx_dtype_name (dtype));
+    s_check (what, replay, eager, n_tok * out, 0);
+    K->stream_destroy (G.be, st);
+    void *fr[] = { di, doff, drow, dsrc, dx, dw, dxs, dys, dout };
+    for (size_t j = 0; j < sizeof fr / sizeof fr[0]; j++) K->free_ (G.be, fr[j]);
+    K->weight_free (G.be, w);
+    free (wf); free (wq); free (ids); free (x); free (cw); free (eager); free (replay);
 }
 
 /* ------------------------------------------------------------ attention -- */
@@ -475,6 +715,30 @@ int main (int argc, char **argv)
     s_select_case (3, 300, 40);
     s_route_case (37, 256, 8, 4, 8);      /* DeepSeek-V3's shape */
     s_route_case (5, 64, 1, 1, 6);
+    s_route_case (3, 160, 8, 3, 6);       /* DeepSeek-V2's 160 experts, 8 groups */
+    s_route_case (2, 16, 16, 4, 4);       /* one expert per group: a group scores its best */
+    s_sort_case (0, 8, 256, 0);           /* n_tok 0: offsets of zeros */
+    s_sort_case (1, 8, 256, 0);           /* decode, one token */
+    s_sort_case (7, 6, 64, 1);
+    s_sort_case (3000, 8, 256, 1);        /* prefill size, every warp busy */
+    s_sort_case (500, 2, 4096, 1);        /* the largest expert count: one warp */
+    s_gather_case (40, 1, 300);
+    s_gather_case (40, 77, 300);
+    s_combine_case (1, 8, 512, 0);
+    s_combine_case (9, 6, 300, 0);
+    s_combine_case (9, 6, 300, RX_MM_ACCUMULATE);
+    {
+        const int gdts[] = { RX_F32, RX_F16, RX_BF16, RX_Q8_0, RX_Q4_K, RX_Q6_K };
+        for (size_t d = 0; d < sizeof gdts / sizeof gdts[0]; d++) {
+            const int q = gdts[d] != RX_F32 && gdts[d] != RX_F16 && gdts[d] != RX_BF16;
+            const double tol = q ? 3e-2 : 1e-4;
+            s_grouped_case (gdts[d], 256, 40, 8, 8, 0, 8, 0, tol);                  /* decode */
+            s_grouped_case (gdts[d], 512, 72, 16, 200, 0, 200, 0, tol);             /* prefill */
+            s_grouped_case (gdts[d], 256, 40, 8, 120, 37, 60, RX_MM_ACCUMULATE, tol); /* window */
+        }
+    }
+    s_moe_graph_case (RX_Q8_0);
+    s_moe_graph_case (RX_BF16);
     s_attn_case ("gqa", RX_F32, 2, 64, 64, 8, 0, 0.f);
     s_attn_case ("gqa", RX_F16, 2, 64, 64, 8, 0, 0.f);
     s_attn_case ("window+softcap", RX_F32, 2, 128, 128, 4, 9, 30.f);

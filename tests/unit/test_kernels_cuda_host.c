@@ -812,6 +812,87 @@ Test (cuprof, overflowing_names_go_to_other)
     free (p);
 }
 
+/* ---- the MoE expert pass ---- */
+
+Test (cuplan, moe_sort_warps_fit_shared_memory)
+{
+    uint32_t w = 0;
+    size_t smem = 0;
+    struct rx_err err = { 0 };
+    cr_assert_eq (rx_cuplan_moe_sort (256, &w, &smem, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (w, 32, "DeepSeek-V3's 256 experts: a full block of warps");
+    cr_assert_eq (smem, (32 * 256 + 257) * 4);
+    cr_assert_eq (rx_cuplan_moe_sort (1, &w, &smem, &err), RX_OK);
+    cr_assert_eq (w, 32);
+    cr_assert_eq (smem, (32 + 2) * 4);
+    cr_assert_eq (rx_cuplan_moe_sort (4096, &w, &smem, &err), RX_OK);
+    cr_assert_eq (w, 1, "the largest expert count leaves room for one histogram");
+    /* Every size: the most warps whose histograms (and the offsets) fit. */
+    for (size_t n = 1; n <= RX_CU_MOE_MAX_EXPERT; n += n < 300 ? 1 : 37) {
+        cr_assert_eq (rx_cuplan_moe_sort (n, &w, &smem, &err), RX_OK, "n_expert %zu", n);
+        cr_assert (w >= 1 && w <= 32, "n_expert %zu: %u warps", n, w);
+        cr_assert_eq (smem, ((size_t) w * n + n + 1) * 4, "n_expert %zu", n);
+        cr_assert_leq (smem, RX_CU_SMEM_DEFAULT, "n_expert %zu", n);
+        cr_assert (w == 32 || (((size_t) w + 1) * n + n + 1) * 4 > RX_CU_SMEM_DEFAULT,
+                   "n_expert %zu: %u warps, one more would fit", n, w);
+    }
+    cr_assert_eq (rx_cuplan_moe_sort (0, &w, &smem, &err), RX_ENOTSUP);
+    cr_assert_eq (rx_cuplan_moe_sort (RX_CU_MOE_MAX_EXPERT + 1, &w, &smem, &err), RX_ENOTSUP);
+    cr_assert (strstr (err.msg, "kernels-cuda moe_sort: n_expert 4097 outside 1..4096"), "%s", err.msg);
+}
+
+Test (cuplan, moe_route_scratch)
+{
+    size_t smem = 0;
+    struct rx_err err = { 0 };
+    cr_assert_eq (rx_cuplan_moe_route (256, 8, 8, &smem, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (smem, (256 + 8 + 8) * 4 + 256 + 8, "sel, group scores, ids; taken, keep");
+    cr_assert_eq (rx_cuplan_moe_route (64, 0, 6, &smem, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (smem, (64 + 1 + 6) * 4 + 64 + 1, "n_group 0 is one group");
+    cr_assert_eq (rx_cuplan_moe_route (4096, 1, 4096, &smem, &err), RX_OK, "%s", err.msg);
+    cr_assert_leq (smem + RX_CU_ROUTE_STATIC_SMEM, RX_CU_SMEM_DEFAULT);
+    cr_assert_eq (rx_cuplan_moe_route (4096, 4096, 4096, &smem, &err), RX_ENOTSUP);
+    cr_assert (strstr (err.msg, "bytes of shared memory"), "%s", err.msg);
+    cr_assert_eq (rx_cuplan_moe_route (4097, 1, 8, &smem, &err), RX_ENOTSUP);
+    cr_assert (strstr (err.msg, "kernels-cuda moe_route: n_expert 4097"), "%s", err.msg);
+    cr_assert_eq (rx_cuplan_moe_route (64, 1, 65, &smem, &err), RX_ENOTSUP, "k > n_expert");
+    cr_assert_eq (rx_cuplan_moe_route (64, 1, 0, &smem, &err), RX_ENOTSUP, "k 0");
+}
+
+Test (cuplan, matmul_grouped_passes)
+{
+    struct rx_cugm_plan p;
+    struct rx_err err = { 0 };
+    /* Float weights: one pass over every row, no activation scratch. */
+    cr_assert_eq (rx_cuplan_matmul_grouped (RX_BF16, 65536, 7168, 2048, 0, &p, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (p.act_qblk, 0);
+    cr_assert_eq (p.rows_per_pass, 65536);
+    cr_assert_eq (p.q_scratch, 0);
+    cr_assert_eq (p.grid_x, 2048 / RX_CU_MV_WARPS);
+    cr_assert_eq (rx_cuplan_matmul_grouped (RX_F32, 3, 256, 41, 0, &p, &err), RX_OK);
+    cr_assert_eq (p.grid_x, (41 + RX_CU_MV_WARPS - 1) / RX_CU_MV_WARPS);
+    /* Quantized: matmul's activation blocks; a prefill batch in passes of
+     * at most 64 MiB of quantized rows, whole 8-row groups. */
+    cr_assert_eq (rx_cuplan_matmul_grouped (RX_Q4_K, 65536, 7168, 2048, 0, &p, &err), RX_OK);
+    cr_assert_eq (p.act_qblk, 256);
+    cr_assert_eq (p.rows_per_pass, ((64u << 20) / (7168 * 4)) / 8 * 8);
+    cr_assert_eq (p.q_scratch, p.rows_per_pass * 7168 * 4);
+    cr_assert_leq (p.q_scratch, 64u << 20);
+    cr_assert_eq (rx_cuplan_matmul_grouped (RX_Q8_0, 5, 7168, 2048, 0, &p, &err), RX_OK);
+    cr_assert_eq (p.act_qblk, 32);
+    cr_assert_eq (p.rows_per_pass, 5, "a decode batch: one pass");
+    cr_assert_eq (p.q_scratch, 5 * 7168 * 4);
+    cr_assert_eq (rx_cuplan_matmul_grouped (RX_Q8_0, 100, 4096, 64, 1000, &p, &err), RX_OK);
+    cr_assert_eq (p.rows_per_pass, RX_CU_MV_MAX_ROWS, "a tiny bound still takes one row group");
+    /* Refusals, as matmul's. */
+    cr_assert_eq (rx_cuplan_matmul_grouped (RX_Q8_K, 1, 256, 256, 0, &p, &err), RX_ENOTSUP);
+    cr_assert (strstr (err.msg, "kernels-cuda matmul_grouped: no kernel for weight dtype"), "%s", err.msg);
+    cr_assert_eq (rx_cuplan_matmul_grouped (RX_Q4_0, 1, 48, 16, 0, &p, &err), RX_EINVAL);
+    cr_assert_eq (rx_cuplan_matmul_grouped (RX_Q4_K, 1, 128, 16, 0, &p, &err), RX_EINVAL);
+    cr_assert_eq (rx_cuplan_matmul_grouped (RX_F32, 1, 64, 0, 0, &p, &err), RX_EINVAL);
+    cr_assert_eq (rx_cuplan_matmul_grouped (RX_F32, 1, 64, 64, 0, NULL, &err), RX_EINVAL);
+}
+
 /* --------------------------------------------------------------- kcuda -- */
 
 static char *s_cuda_so (void)
@@ -863,6 +944,18 @@ Test (kcuda, loads_through_the_loader, .timeout = 300)
     const void *const *fn = (const void *const *) ((const char *) K + offsetof (struct rx_kernels_ops, create));
     size_t nfn = (RX_KERNELS_OPS_SIZE_1_0 - offsetof (struct rx_kernels_ops, create)) / sizeof (void *);
     for (size_t i = 0; i < nfn; i++) cr_assert_not_null (fn[i], "op %zu is NULL", i);
+    /* The appended MoE ops (ABI 1.2 moe_route, 1.3 the expert pass). */
+    cr_assert (RX_HAS (struct rx_kernels_ops, K, moe_route) && K->moe_route);
+    cr_assert (RX_HAS (struct rx_kernels_ops, K, moe_combine));
+    cr_assert (K->moe_sort && K->gather_rows && K->matmul_grouped && K->moe_combine);
+    /* Without an instance they refuse before any CUDA call. */
+    int32_t dummy[4] = { 0 };
+    cr_assert_eq (K->moe_sort (NULL, NULL, dummy, 1, 1, 4, dummy, dummy, dummy, &err), RX_EINVAL);
+    cr_assert_str_eq (err.msg, "kernels-cuda moe_sort: no backend");
+    cr_assert_eq (K->moe_combine (NULL, NULL, NULL, 0, NULL, NULL, 0, 1, 1, NULL, 0, 0, &err), RX_EINVAL);
+    cr_assert_str_eq (err.msg, "kernels-cuda moe_combine: no backend");
+    cr_assert_eq (K->matmul_grouped (NULL, NULL, NULL, NULL, 0, NULL, 0, NULL, 0, 0, 0, &err), RX_EINVAL);
+    cr_assert_str_eq (err.msg, "kernels-cuda matmul_grouped: no backend");
     rx_loader_destroy (&l);
 }
 
