@@ -145,7 +145,7 @@ Test (radixd, list_plugins)
     struct tu_run r = s_radixd ("", "--list-plugins", NULL);
     cr_assert_eq (r.status, 0, "stderr: %s", r.err);
     const char *want[] = { "KIND", "scheduler  fcfs", "scheduler  lpm", "scheduler  random",
-                           "sched-fcfs.so", "scheduler  good             1.2.3    1.2",
+                           "sched-fcfs.so", "scheduler  good             1.2.3    1.3",
                            "refused:", "ABI major mismatch" };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
         cr_assert (strstr (r.out, want[i]), "list lacks \"%s\":\n%s", want[i], r.out);
