@@ -23,7 +23,9 @@
 #                 (tests/gpu/gpu_peak.cu), steps returning the device
 #                 argmax as greedy serving does (--greedy; docs/gpu.md's
 #                 first H200 table was measured copying the logits), then
-#                 one short run with the per-op profiler (RADIX_KCUDA_PROFILE=1, bench-*-profile.log).
+#                 one short run with the per-op profiler (RADIX_KCUDA_PROFILE=1, bench-*-profile.log);
+#                 for BF16 with the fast set, batch-1 decode again with the
+#                 fused projections off (RADIX_LLAMA_FUSE=0: their share).
 # Steps 3, 4 and 6 run once per kernel set: "simple" (the defaults) and
 # "fast" ([kernels.cuda] matvec = fast, attention = tiled, and for the
 # models and the bench [scheduler] cuda_graph_max_bs = 64: decode steps
@@ -238,6 +240,14 @@ EOF
     row "bench $t $k" ok "$(tail -1 "$OUT/bench-table.txt")"
   else
     row "bench $t $k" FAIL "radix bench (bench-$t-$k.log)"
+  fi
+  # The fused projections' share (docs/gpu.md; on by default on CUDA):
+  # batch-1 decode of the same set with them off.
+  if [ "$k" = fast ] && [ "$t" = bf16 ] &&
+     RADIX_LLAMA_FUSE=0 timeout 120 "$B/tools/radix" bench --config "$(ini $k bench)" --model "$m" --pp none \
+       --tg 64 --batch none --reps 3 --bw-mib 0 --greedy --json > "$OUT/bench-$t-$k-unfused.json" \
+       2> "$OUT/bench-$t-$k-unfused.log"; then
+    row "bench $t $k unfused" info "decode b1 $(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print("%.1f tok/s" % [r for r in j["tests"] if r["kind"] == "tg"][0]["tok_s"])' "$OUT/bench-$t-$k-unfused.json") without [model.llama] fuse_weights"
   fi
   # Where the time goes: every op timed with CUDA events (a short run; the
   # events cost a little per op, so these are not the bench's numbers).
