@@ -105,6 +105,7 @@
 
 #include "../batch.h"
 #include "../dp_ffn.h"
+#include "../graph.h"
 #include "../moe_experts.h"
 #include "../moe_place.h"
 #include "../tbo.h"
@@ -113,6 +114,7 @@
 #define DS_MAX_DIM    (1 << 20)
 #define DS_MAX_EXPERT 4096
 #define DS_NAME       "model-deepseek2"
+#define DS_GRAPH_TAG  0x6473656b32ull   /* "dsek2": graph keys (models/graph.h) */
 
 enum { DS_GATE_SOFTMAX = 1, DS_GATE_SIGMOID = 2 };
 
@@ -139,6 +141,11 @@ struct ds_model {
     int32_t moe_chunk;                           /* rows per dispatch */
     struct rx_moe_place place;                   /* EPLB placement + recording (models/moe_place.h) */
     int32_t moe_n_phys;                          /* the dispatcher's n_expert (slots) */
+    int moe_dev_seen;                            /* the last dispatch that was asked for device
+                                                  * offsets gave them (models/moe_experts.h) */
+    struct rx_model_graphs graphs;               /* decode-step graphs (models/graph.h) */
+    int warm;                                    /* an eager step ran: attn-mla built its
+                                                  * per-head weights (host work, not capturable) */
     /* DP attention (see the header comment) */
     int32_t rank, n_rank, dp_attn, ep_size;
     int32_t tp;                                  /* tensor parallel: n_rank > 1, not dp_attn */
@@ -417,6 +424,7 @@ static void s_destroy (void *p)
     if (!m) return;
     s_free_scratch (m);
     rx_moe_place_fini (&m->place);
+    rx_model_graphs_free (&m->graphs, m->host);
     if (m->attn) m->attn_ops->destroy (m->attn);
     for (size_t i = 0; i < m->n_owned; i++)
         m->k.ops->weight_free (m->k.be, m->owned[i]);
@@ -727,7 +735,8 @@ static int s_create (const struct rx_host *host, const struct rx_model_src *src,
     }
     m->tbo = env->struct_size >= offsetof (struct rx_model_env, two_batch_overlap) + sizeof env->two_batch_overlap
              && env->two_batch_overlap;
-    int rc = s_hparams (m, src, err);
+    int rc = rx_model_graphs_init (&m->graphs, host, env, DS_GRAPH_TAG, DS_NAME, err);
+    if (rc == RX_OK) rc = s_hparams (m, src, err);
     if (rc == RX_OK && m->n_dense < m->n_layer && !m->moe_ops)
         rc = rx_err_set (err, RX_ENOTSUP,
                          "%s: " DS_NAME ": a mixture-of-experts model needs a MoE dispatcher ([moe] dispatcher, e.g. local: moe-local.so) and the engine has none",
@@ -1059,9 +1068,11 @@ static int s_moe (struct ds_model *m, const struct ds_layer *Y, size_t n, size_t
         /* nc 0: this rank has no rows left but a peer has (DP attention). */
         const size_t nc = c0 >= n ? 0 : n - c0 < (size_t) m->moe_chunk ? n - c0 : (size_t) m->moe_chunk;
         struct rx_moe_routed r = { .struct_size = sizeof r };
-        if (rx_moe_experts_device (&m->k, &m->place, nc)) r.flags = RX_MOE_ROUTED_DEVICE;
+        const int dev = rx_moe_experts_device (&m->k, &m->place, nc);
+        if (dev) r.flags = RX_MOE_ROUTED_DEVICE;
         DS_TRY (m->moe_ops->dispatch (m->moe, m->h + c0 * E, E, (int32_t) nc, m->d_topk + c0 * KK,
                                       m->wts + c0 * KK, &r, err));
+        if (dev) m->moe_dev_seen = r.d_offsets != NULL;
         DS_TRY (s_moe_experts (m, Y, &r, err));
         DS_TRY (m->moe_ops->combine (m->moe, m->x + c0 * E, E, RX_MM_ACCUMULATE, err));
     }
@@ -1265,6 +1276,51 @@ static int s_forward_tbo (struct ds_model *m, const struct rx_model_batch *b, in
     return n > 0 ? s_logits (m, b, err) : RX_OK;
 }
 
+static struct rx_attn_batch s_attn_batch (const struct rx_model_batch *b, const struct rx_model_batch_dev *dv)
+{
+    return (struct rx_attn_batch) {
+        .n_seq = b->n_seq, .n_tokens = b->n_tokens, .q_start = dv->q_start, .kv_start = dv->kv_start,
+        .slots = dv->kv_slots, .q_pos = dv->pos,
+    };
+}
+
+/* One step's layers and logits, op by op (or being captured). */
+static int s_forward_eager (struct ds_model *m, const struct rx_model_batch *b,
+                            const struct rx_model_batch_dev *dv, int32_t M, struct rx_err *err)
+{
+    const struct rx_attn_batch ab = s_attn_batch (b, dv);
+    const size_t nn = (size_t) b->n_tokens;
+    DS_TRY (m->k.ops->get_rows (m->k.be, m->k.stream, m->tok_embd, dv->tokens, nn, m->x, (size_t) m->n_embd, err));
+    for (int32_t l = 0; l < m->n_layer; l++) {
+        const struct ds_layer *Y = &m->layers[l];
+        DS_TRY (s_attn (m, Y, l, &ab, dv->pos, dv->new_slots, 0, nn, err));
+        if (Y->w_gate) DS_TRY (s_dense (m, Y, nn, (size_t) M, err));
+        else DS_TRY (s_moe (m, Y, nn, m->dp_attn ? (size_t) M : nn, err));
+        /* A long prefill is busy, not hung: tell radixd's watchdog. */
+        if (RX_HAS (struct rx_host, m->host, progress)) m->host->progress (m->host);
+    }
+    return s_logits (m, b, err);
+}
+
+/* CUDA graphs (models/graph.h): decode steps of one rank (no collectives
+ * in the graph) after a first eager step (attn-mla builds its per-head
+ * weights on the host then), with routing and experts on the device: the
+ * backend's moe_route, no placement or counting, and the dispatcher sorted
+ * on the device the last time it was asked (models/moe_experts.h). */
+static int s_graph_step (const struct ds_model *m, const struct rx_model_batch *b)
+{
+    return rx_model_graphs_shape (&m->graphs, b) && m->n_rank == 1 && m->warm &&
+           (m->n_dense >= m->n_layer ||
+            (m->moe_dev_seen && RX_HAS (struct rx_kernels_ops, m->k.ops, moe_route) && m->k.ops->moe_route &&
+             rx_moe_experts_device (&m->k, &m->place, (size_t) b->n_tokens)));
+}
+
+static int s_graph_eager (void *p, const struct rx_model_batch *b, const struct rx_model_batch_dev *dv,
+                          struct rx_err *err)
+{
+    return s_forward_eager (p, b, dv, 0, err);
+}
+
 static int s_forward (void *p, const struct rx_model_batch *b, struct rx_err *err)
 {
     struct ds_model *m = p;
@@ -1289,26 +1345,17 @@ static int s_forward (void *p, const struct rx_model_batch *b, struct rx_err *er
         }
         return RX_OK;
     }
-    const int32_t n = b->n_tokens, T = m->max_tokens;
     struct rx_model_batch_dev dv;
-    DS_TRY (rx_model_stage_upload (&m->stage, m->host, &m->k, T, b, DS_NAME, &dv, err));
-    const struct rx_attn_batch ab = {
-        .n_seq = b->n_seq, .n_tokens = n, .q_start = dv.q_start, .kv_start = dv.kv_start,
-        .slots = dv.kv_slots, .q_pos = dv.pos,
-    };
-    if (RX_HAS (struct rx_attn_ops, m->attn_ops, prepare) && m->attn_ops->prepare)
+    DS_TRY (rx_model_stage_upload (&m->stage, m->host, &m->k, m->max_tokens, b, DS_NAME, &dv, err));
+    /* attn-mla grows its scratch here (host work: before any capture). */
+    if (RX_HAS (struct rx_attn_ops, m->attn_ops, prepare) && m->attn_ops->prepare) {
+        const struct rx_attn_batch ab = s_attn_batch (b, &dv);
         DS_TRY (m->attn_ops->prepare (m->attn, &ab, err));
-    const size_t nn = (size_t) n;
-    DS_TRY (m->k.ops->get_rows (m->k.be, m->k.stream, m->tok_embd, dv.tokens, nn, m->x, (size_t) m->n_embd, err));
-    for (int32_t l = 0; l < m->n_layer; l++) {
-        const struct ds_layer *Y = &m->layers[l];
-        DS_TRY (s_attn (m, Y, l, &ab, dv.pos, dv.new_slots, 0, nn, err));
-        if (Y->w_gate) DS_TRY (s_dense (m, Y, nn, (size_t) M, err));
-        else DS_TRY (s_moe (m, Y, nn, m->dp_attn ? (size_t) M : nn, err));
-        /* A long prefill is busy, not hung: tell radixd's watchdog. */
-        if (RX_HAS (struct rx_host, m->host, progress)) m->host->progress (m->host);
     }
-    return s_logits (m, b, err);
+    if (s_graph_step (m, b)) return rx_model_graphs_run (&m->graphs, &m->k, m, s_graph_eager, b, &dv, err);
+    DS_TRY (s_forward_eager (m, b, &dv, M, err));
+    m->warm = 1;
+    return RX_OK;
 }
 
 static const char *s_default_attention (const char *arch)

@@ -78,12 +78,14 @@
 
 #include "../batch.h"
 #include "../dp_ffn.h"
+#include "../graph.h"
 #include "../moe_experts.h"
 #include "../moe_place.h"
 #include "../tbo.h"
 
 #define LL_MAX_LAYERS 1024
 #define LL_MAX_DIM    (1 << 20)
+#define LL_GRAPH_TAG  0x6c6c616d61ull   /* "llama": graph keys (models/graph.h) */
 
 enum ll_arch { LL_LLAMA = 0, LL_QWEN2 = 1 };
 
@@ -175,13 +177,7 @@ struct ll_model {
      * flight per instance), made by reserve() when the dispatcher has the
      * asynchronous ops, and micro-batch 1's rebased q_start / kv_start. */
     int32_t tbo;
-    /* CUDA graphs (env->cuda_graph_max_bs, see s_forward_graph): decode
-     * steps of up to graph_max_bs sequences replay a graph captured per
-     * batch size; graph_for[n] is the (logits, staging) pair graph n was
-     * captured with (a step with other buffers captures it again).
-     * graph_max_bs drops to 0 when the backend cannot capture. */
-    int32_t graph_max_bs;
-    struct ll_graph { const float *logits; const int32_t *stage; } *graph_for;
+    struct rx_model_graphs graphs;               /* decode-step graphs (models/graph.h) */
     struct rx_tbo tbo_state;                     /* moe2 re-made when moe_n_phys changes */
 };
 
@@ -524,7 +520,7 @@ static void s_destroy (void *p)
     if (m->copies) m->host->free_ (m->host, m->copies);
     if (m->layers) m->host->free_ (m->host, m->layers);
     if (m->dp_cnt_h) m->host->free_ (m->host, m->dp_cnt_h);
-    if (m->graph_for) m->host->free_ (m->host, m->graph_for);
+    rx_model_graphs_free (&m->graphs, m->host);
     m->host->free_ (m->host, m);
 }
 
@@ -886,15 +882,10 @@ static int s_create (const struct rx_host *host, const struct rx_model_src *src,
         m->moe_host = env->moe_host ? env->moe_host : host;
         m->moe_max_tokens = env->moe_max_tokens > 0 ? env->moe_max_tokens : 0;
     }
-    if (env->struct_size >= offsetof (struct rx_model_env, cuda_graph_max_bs) + sizeof env->cuda_graph_max_bs &&
-        env->cuda_graph_max_bs > 0) {
-        m->graph_max_bs = env->cuda_graph_max_bs;
-        size_t gb = ((size_t) m->graph_max_bs + 1) * sizeof *m->graph_for;
-        if (!(m->graph_for = host->alloc (host, gb, 0))) {
-            s_destroy (m);
-            return rx_err_set (err, RX_ENOMEM, "model-llama: create: out of memory");
-        }
-        memset (m->graph_for, 0, gb);
+    int grc = rx_model_graphs_init (&m->graphs, host, env, LL_GRAPH_TAG, "model-llama", err);
+    if (grc != RX_OK) {
+        s_destroy (m);
+        return grc;
     }
     m->tbo = env->struct_size >= offsetof (struct rx_model_env, two_batch_overlap) + sizeof env->two_batch_overlap
              && env->two_batch_overlap;
@@ -1313,55 +1304,23 @@ static int s_forward_tbo (struct ll_model *m, const struct rx_model_batch *b, in
 static int s_forward_eager (struct ll_model *m, const struct rx_model_batch *b,
                             const struct rx_model_batch_dev *dvp, int32_t M, struct rx_err *err);
 
-/* CUDA graphs ([scheduler] cuda_graph_max_bs, SGLang's cuda_graph_max_bs):
- * a decode step (one row per sequence, logits for every row) of n <=
- * graph_max_bs sequences replays the graph captured for n; the first such
- * step captures it.  Everything a step varies -- tokens, positions, slots,
- * KV lengths -- is read by the kernels from the staging buffer uploaded
- * before the replay, at the same device address every step; the launch
- * shapes depend only on n.  A step with another logits or staging buffer
- * (the engine grew one) captures again.  Only the plain case: one rank
- * (no collectives in the graph), an attention backend without a host-side
- * prepare, and a dense model or one whose MoE layers run without a host
- * copy (models/moe_experts.h: the dispatcher sorted on the device the last
- * time it was asked, no placement or recording, n within the device
- * path's bound).  A backend without graphs (kernels-cpu) answers
- * graph_begin with RX_ENOTSUP: the model then runs every step op by op. */
+/* CUDA graphs (models/graph.h): decode steps of one rank (no collectives
+ * in the graph) with an attention backend without a host-side prepare,
+ * and a dense model or one whose MoE layers run without a host copy
+ * (models/moe_experts.h: the dispatcher sorted on the device the last time
+ * it was asked, no placement or counting, n within the device path's
+ * bound). */
 static int s_graph_step (const struct ll_model *m, const struct rx_model_batch *b)
 {
-    return m->graph_max_bs > 0 && b->n_tokens <= m->graph_max_bs && b->n_tokens == b->n_seq &&
-           b->n_out == b->n_tokens && m->n_rank == 1 &&
+    return rx_model_graphs_shape (&m->graphs, b) && m->n_rank == 1 &&
            (m->n_expert == 0 || (m->moe_dev_seen && rx_moe_experts_device (&m->k, &m->place, (size_t) b->n_tokens))) &&
            !RX_HAS (struct rx_attn_ops, m->attn_ops, prepare);
 }
 
-#define LL_GRAPH_KEY 0x6c6c616d61000000ull   /* "llama" << 24 | batch size */
-
-static int s_forward_graph (struct ll_model *m, const struct rx_model_batch *b,
-                            const struct rx_model_batch_dev *dv, struct rx_err *err)
+static int s_graph_eager (void *p, const struct rx_model_batch *b, const struct rx_model_batch_dev *dv,
+                          struct rx_err *err)
 {
-    const struct rx_kernels_ops *K = m->k.ops;
-    const int32_t n = b->n_tokens;
-    const uint64_t key = LL_GRAPH_KEY | (uint64_t) n;
-    struct ll_graph *g = &m->graph_for[n];
-    if (!K->graph_has (m->k.be, key) || g->logits != b->logits || g->stage != dv->tokens) {
-        int rc = K->graph_begin (m->k.be, m->k.stream, key, err);
-        if (rc == RX_ENOTSUP) {
-            m->graph_max_bs = 0;   /* the backend cannot capture: op by op from now on */
-            rx_err_clear (err);
-            return s_forward_eager (m, b, dv, 0, err);
-        }
-        if (rc != RX_OK) return rc;
-        rc = s_forward_eager (m, b, dv, 0, err);
-        /* End the capture whatever happened, so the stream is usable. */
-        struct rx_err e2 = { 0 };
-        int rc2 = K->graph_end (m->k.be, m->k.stream, key, rc == RX_OK ? err : &e2);
-        if (rc != RX_OK) return rc;
-        if (rc2 != RX_OK) return rc2;
-        g->logits = b->logits;
-        g->stage = dv->tokens;
-    }
-    return K->graph_launch (m->k.be, m->k.stream, key, err);
+    return s_forward_eager (p, b, dv, 0, err);
 }
 
 static int s_forward (void *p, const struct rx_model_batch *b, struct rx_err *err)
@@ -1390,7 +1349,7 @@ static int s_forward (void *p, const struct rx_model_batch *b, struct rx_err *er
     }
     struct rx_model_batch_dev dv;
     LL_TRY (rx_model_stage_upload (&m->stage, m->host, &m->k, m->max_tokens, b, "model-llama", &dv, err));
-    if (s_graph_step (m, b)) return s_forward_graph (m, b, &dv, err);
+    if (s_graph_step (m, b)) return rx_model_graphs_run (&m->graphs, &m->k, m, s_graph_eager, b, &dv, err);
     return s_forward_eager (m, b, &dv, M, err);
 }
 

@@ -524,11 +524,12 @@ Test (engine, truncate_then_refeed_gives_the_same_logits)
  * graphs: ops recorded at capture, replayed at launch, as on a GPU).  Both
  * give engine 0's logits bit for bit -- prefill, decode steps at and above
  * the graph batch limit, replays after the engine grew its logits buffer --
- * and engine 2 holds graphs for batch sizes 1 and 2 only.  The MoE model
- * (tiny-moe) is captured too: its decode steps sort the experts' rows on
- * the device (moe-local with RX_MOE_ROUTED_DEVICE), so no step copies to
- * the host; a capture with a host copy in it would fail the step. */
-static void s_graph_replay (const char *model)
+ * and engine 2 holds graphs for batch sizes 1 and 2 only.  The MoE models
+ * (tiny-moe, tiny-deepseek2 with MLA) are captured too: their decode steps
+ * route and sort the experts' rows on the device (moe_route; moe-local
+ * with RX_MOE_ROUTED_DEVICE), so no step copies to the host; a capture
+ * with a host copy in it would fail the step. */
+static void s_graph_replay (const char *model, uint64_t tag)
 {
     char *m = s_model (model);
     struct rx_boot b[3];
@@ -566,15 +567,15 @@ static void s_graph_replay (const char *model)
             cr_assert (!memcmp (lg[0], lg[i], (size_t) bs[k] * V * sizeof (float)),
                        "engine %d, decode step %zu (batch %d): the same logits", i, k, bs[k]);
     }
-    /* model-llama's graph keys: "llama" << 24 | batch size (llama.c). */
+    /* The model's graph keys: its tag << 24 | batch size (models/graph.h). */
     const struct rx_kernels_ops *K = NULL;
     void *be = NULL;
     rx_engine_kernels (e[2], &K, &be);
-    cr_assert (K->graph_has (be, 0x6c6c616d61000000ull | 1) && K->graph_has (be, 0x6c6c616d61000000ull | 2),
+    cr_assert (K->graph_has (be, (tag << 24) | 1) && K->graph_has (be, (tag << 24) | 2),
                "decode steps of 1 and 2 sequences were captured");
-    cr_assert_eq (K->graph_has (be, 0x6c6c616d61000000ull | 3), 0, "3 > cuda_graph_max_bs");
+    cr_assert_eq (K->graph_has (be, (tag << 24) | 3), 0, "3 > cuda_graph_max_bs");
     rx_engine_kernels (e[1], &K, &be);
-    cr_assert_eq (K->graph_has (be, 0x6c6c616d61000000ull | 1), 0, "no graphs without [kernels.cpu] graphs");
+    cr_assert_eq (K->graph_has (be, (tag << 24) | 1), 0, "no graphs without [kernels.cpu] graphs");
     for (int i = 0; i < NE; i++) {
         free (lg[i]);
         rx_engine_destroy (&e[i]);
@@ -583,8 +584,13 @@ static void s_graph_replay (const char *model)
     free (m);
 }
 
-Test (engine, cuda_graph_max_bs_replays_decode_steps) { s_graph_replay ("tiny-llama.gguf"); }
-Test (engine, cuda_graph_max_bs_replays_moe_decode_steps) { s_graph_replay ("tiny-moe.gguf"); }
+/* Graph key tags: llama.c LL_GRAPH_TAG, deepseek2.c DS_GRAPH_TAG. */
+Test (engine, cuda_graph_max_bs_replays_decode_steps) { s_graph_replay ("tiny-llama.gguf", 0x6c6c616d61ull); }
+Test (engine, cuda_graph_max_bs_replays_moe_decode_steps) { s_graph_replay ("tiny-moe.gguf", 0x6c6c616d61ull); }
+Test (engine, cuda_graph_max_bs_replays_deepseek2_decode_steps)
+{
+    s_graph_replay ("tiny-deepseek2.gguf", 0x6473656b32ull);
+}
 
 /* [model.llama] fuse_weights = true loads Q/K/V and gate/up as one weight
  * each (one matmul and one rope call fewer per layer): the logits are
