@@ -35,6 +35,20 @@
  * Scratch (q_abs and o_lat, [tokens][n_head * (kv_lora_rank + rope_dim)])
  * grows in prepare() (or forward() without it) to the largest batch seen.
  *
+ * Heads in one call.  Per head, the absorbed form is 2 matmuls and a copy:
+ * 3 x n_head launches a layer (384 for V3), which a GPU pays for at
+ * decode.  With the kernel ABI 1.3 ops (gather_rows, matmul_grouped) and a
+ * batch of at most MLA_BATCH_MAX tokens, the heads run as the "experts" of
+ * one grouped matmul: the token-major rows (token t, head h) are gathered
+ * head-major (row h*n + t), W_UK^T / W_UV run over them with offsets h*n,
+ * and the results are gathered back token-major -- 8 launches a layer
+ * whatever n_head, with the same numbers (each head's matmul sees the same
+ * n rows).  The index arrays depend on n only; they are built once per
+ * batch size (in prepare(), so a graph capture never builds them) and kept:
+ * (n_head + 1 + 2 n n_head) int32 each, 33 MiB for V3's 128 heads if every
+ * size up to MLA_BATCH_MAX is seen.  Larger batches (prefill) keep the
+ * per-head matmuls, which a GPU backend runs as GEMMs.
+ *
  * Thread-safety and ownership: as radix/attn.h. */
 #include <stdint.h>
 #include <string.h>
@@ -47,6 +61,7 @@
 
 #define MLA_MAX_LAYERS 4096
 #define MLA_MAX_DIM    8192
+#define MLA_BATCH_MAX  256     /* most tokens whose heads run in one grouped call */
 
 struct mla_layer_w {
     const rx_kweight_t *src;       /* the kv_b these were built from */
@@ -65,8 +80,13 @@ struct mla {
     uint64_t n_slots;
     struct rx_kv_pool *pools;      /* [n_layer] host array (views into mem) */
     struct mla_layer_w *lw;        /* [n_layer] */
-    float *scratch;                /* device: q_abs then o_lat, cap rows each */
+    float *scratch;                /* device: q_abs then o_lat, cap rows each, then (batched
+                                    * heads) A and B: cap * n_head rows of WA / WB */
     size_t cap;
+    int batched;                   /* the backend has gather_rows and matmul_grouped */
+    size_t WA, WB;                 /* max (nope, L), max (L, hd_v) */
+    int32_t *idx[MLA_BATCH_MAX + 1];  /* device, per batch size n: offsets [H + 1], then
+                                    * head-major [n*H], then token-major [n*H] */
 };
 
 static void s_free_layer (struct mla *m, struct mla_layer_w *w)
@@ -86,6 +106,8 @@ static void s_destroy (void *a)
     if (m->lw)
         for (int32_t l = 0; l < m->cfg.n_layer; l++) s_free_layer (m, &m->lw[l]);
     if (m->lw) m->host->free_ (m->host, m->lw);
+    for (int i = 0; i <= MLA_BATCH_MAX; i++)
+        if (m->idx[i]) m->k.ops->free_ (m->k.be, m->idx[i]);
     if (m->mem) m->k.ops->free_ (m->k.be, m->mem);
     if (m->scratch) m->k.ops->free_ (m->k.be, m->scratch);
     if (m->pools) m->host->free_ (m->host, m->pools);
@@ -128,6 +150,10 @@ static int s_create (const struct rx_host *host, const struct rx_kctx *k,
     m->R = cfg->rope_dim;
     m->nope = cfg->hd_k - cfg->rope_dim;
     m->D = m->L + m->R;
+    m->batched = RX_HAS (struct rx_kernels_ops, k->ops, moe_combine) && k->ops->gather_rows
+                 && k->ops->matmul_grouped && k->ops->copy2d;
+    m->WA = (size_t) (m->nope > m->L ? m->nope : m->L);
+    m->WB = (size_t) (m->L > cfg->hd_v ? m->L : cfg->hd_v);
     size_t np = (size_t) cfg->n_layer * sizeof *m->pools, nw = (size_t) cfg->n_layer * sizeof *m->lw;
     m->pools = host->alloc (host, np, 0);
     m->lw = host->alloc (host, nw, 0);
@@ -198,6 +224,10 @@ static int s_scratch (struct mla *m, size_t n_tok, struct rx_err *err)
     if (n_tok <= m->cap) return RX_OK;
     size_t cap = m->cap * 2 > n_tok ? m->cap * 2 : n_tok;
     size_t row = (size_t) m->cfg.n_head * (size_t) m->D;
+    /* The batched heads' A and B ride along (only used up to MLA_BATCH_MAX
+     * tokens, but sized with the rest: one allocation). */
+    const size_t brow = m->batched ? (size_t) m->cfg.n_head * (m->WA + m->WB) : 0;
+    const size_t bcap = cap < MLA_BATCH_MAX ? cap : MLA_BATCH_MAX;
     if (m->scratch) {
         m->k.ops->synchronize (m->k.be, m->k.stream, NULL);
         m->k.ops->free_ (m->k.be, m->scratch);
@@ -205,10 +235,11 @@ static int s_scratch (struct mla *m, size_t n_tok, struct rx_err *err)
         m->cap = 0;
     }
     void *d;
-    int rc = m->k.ops->alloc (m->k.be, 2 * cap * row * sizeof (float), 64, &d, err);
+    const size_t bytes = (2 * cap * row + bcap * brow) * sizeof (float);
+    int rc = m->k.ops->alloc (m->k.be, bytes, 64, &d, err);
     if (rc != RX_OK)
         return rx_err_set (err, rc, "attn-mla: cannot allocate %.1f MiB of scratch for %zu tokens",
-                           2.0 * (double) (cap * row * sizeof (float)) / (1024.0 * 1024.0), cap);
+                           (double) bytes / (1024.0 * 1024.0), cap);
     m->scratch = d;
     m->cap = cap;
     return RX_OK;
@@ -283,12 +314,41 @@ done:
     return rc;
 }
 
+/* The batched heads' index arrays for batch size n (see the header). */
+static int s_idx (struct mla *m, size_t n, struct rx_err *err)
+{
+    if (m->idx[n]) return RX_OK;
+    const size_t H = (size_t) m->cfg.n_head, cnt = H + 1 + 2 * n * H;
+    int32_t *h = m->host->alloc (m->host, cnt * sizeof *h, 0);
+    if (!h) return rx_err_set (err, RX_ENOMEM, "attn-mla: out of memory (head indices)");
+    int32_t *off = h, *hm = h + H + 1, *tm = hm + n * H;
+    for (size_t i = 0; i <= H; i++) off[i] = (int32_t) (i * n);
+    for (size_t hh = 0; hh < H; hh++)
+        for (size_t t = 0; t < n; t++) {
+            hm[hh * n + t] = (int32_t) (t * H + hh);   /* head-major row <- token-major row */
+            tm[t * H + hh] = (int32_t) (hh * n + t);   /* token-major row <- head-major row */
+        }
+    void *d;
+    int rc = m->k.ops->alloc (m->k.be, cnt * sizeof *h, 0, &d, err);
+    if (rc == RX_OK) {
+        rc = m->k.ops->copy_h2d (m->k.be, m->k.stream, d, h, cnt * sizeof *h, err);
+        if (rc == RX_OK) rc = m->k.ops->synchronize (m->k.be, m->k.stream, err);
+        if (rc == RX_OK) m->idx[n] = d;
+        else m->k.ops->free_ (m->k.be, d);
+    }
+    m->host->free_ (m->host, h);
+    return rc;
+}
+
 static int s_prepare (void *a, const struct rx_attn_batch *b, struct rx_err *err)
 {
     struct mla *m = a;
     if (!b || b->n_tokens < 0)
         return rx_err_set (err, RX_EINVAL, "attn-mla: prepare: NULL batch or negative count");
-    return s_scratch (m, (size_t) b->n_tokens, err);
+    int rc = s_scratch (m, (size_t) b->n_tokens, err);
+    if (rc == RX_OK && m->batched && b->n_tokens > 0 && b->n_tokens <= MLA_BATCH_MAX)
+        rc = s_idx (m, (size_t) b->n_tokens, err);
+    return rc;
 }
 
 #define MLA_TRY(expr) do { int rc_ = (expr); if (rc_ != RX_OK) return rc_; } while (0)
@@ -321,6 +381,18 @@ static int s_forward (void *a, int32_t layer, const struct rx_attn_batch *b,
     MLA_TRY (K->kv_store (be, st, pool, io->k, io->ldk, io->k, io->ldk, new_slots, n, err));
     float *qa = m->scratch, *ol = m->scratch + m->cap * ld;
     const struct mla_layer_w *w = &m->lw[layer];
+    const int batched = m->batched && n <= MLA_BATCH_MAX && io->ldq == H * hk && io->ldo == H * hv;
+    if (batched) {
+        /* The heads in one grouped call each (see the header). */
+        MLA_TRY (s_idx (m, n, err));
+        const int32_t *off = m->idx[n], *hm = off + H + 1, *tm = hm + n * H;
+        const size_t nh = n * H;
+        float *A = ol + m->cap * ld, *B = A + (m->cap < MLA_BATCH_MAX ? m->cap : MLA_BATCH_MAX) * H * m->WA;
+        MLA_TRY (K->gather_rows (be, st, io->q, hk, hm, nh, nope, A, nope, err));
+        MLA_TRY (K->matmul_grouped (be, st, w->wukt, off, 0, A, nope, B, L, nh, 0, err));
+        MLA_TRY (K->gather_rows (be, st, B, L, tm, nh, L, qa, D, err));
+        if (m->R > 0) MLA_TRY (K->copy2d (be, st, io->q + nope, hk, qa + L, D, nh, (size_t) m->R, err));
+    } else
     for (size_t h = 0; h < H; h++) {
         /* q_abs_h = [W_UK_h^T q_nope_h | q_pe_h] */
         MLA_TRY (K->matmul (be, st, w->wukt, (int) h, io->q + h * hk, io->ldq, qa + h * D, ld, n,
@@ -334,6 +406,14 @@ static int s_forward (void *a, int32_t layer, const struct rx_attn_batch *b,
         .softcap = m->cfg.softcap, .window = m->cfg.window,
     };
     MLA_TRY (K->attention (be, st, qa, ld, pool, b, &p, ol, ld, err));
+    if (batched) {
+        const int32_t *off = m->idx[n], *hm = off + H + 1, *tm = hm + n * H;
+        const size_t nh = n * H;
+        float *A = ol + m->cap * ld, *B = A + (m->cap < MLA_BATCH_MAX ? m->cap : MLA_BATCH_MAX) * H * m->WA;
+        MLA_TRY (K->gather_rows (be, st, ol, D, hm, nh, L, A, L, err));
+        MLA_TRY (K->matmul_grouped (be, st, w->wuv, off, 0, A, L, B, hv, nh, 0, err));
+        return K->gather_rows (be, st, B, hv, tm, nh, hv, io->out, hv, err);
+    }
     for (size_t h = 0; h < H; h++)   /* out_h = W_UV_h o_lat_h[0 .. L) */
         MLA_TRY (K->matmul (be, st, w->wuv, (int) h, ol + h * D, ld, io->out + h * hv, io->ldo, n,
                             0, err));
