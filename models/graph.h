@@ -12,7 +12,10 @@
  * backend dropped its graphs (kernels-cuda and kernels-cpu's emulation drop
  * every graph when device memory is freed: a grown scratch buffer).  A
  * backend that cannot capture answers graph_begin with RX_ENOTSUP: max_bs
- * drops to 0 and every step runs op by op from then on.
+ * drops to 0 and every step runs op by op from then on.  So does a capture
+ * that fails (a host copy or synchronize inside the step -- a plugin that
+ * chose its host path after all): nothing of it ran, so the step is run
+ * again op by op, with one warning line, and the request does not fail.
  *
  * The model decides which steps may be captured (rx_model_graphs_shape
  * plus its own conditions: one rank, no host copy anywhere in the step --
@@ -34,10 +37,13 @@
 #include <radix/host.h>
 #include <radix/kernel.h>
 #include <radix/model.h>
+#include <radix/plugin.h>
 
 #include "batch.h"
 
 struct rx_model_graphs {
+    const struct rx_host *host;           /* for the warning line */
+    const char *who;                      /* "model-llama" */
     int32_t max_bs;                       /* 0: off (or the backend cannot capture) */
     uint64_t tag;                         /* key = tag << 24 | n */
     /* for_n[n]: the (logits, staging) pair graph n was captured with. */
@@ -51,6 +57,8 @@ static inline int rx_model_graphs_init (struct rx_model_graphs *g, const struct 
 {
     memset (g, 0, sizeof *g);
     g->tag = tag;
+    g->host = host;
+    g->who = who;
     if (env->struct_size < offsetof (struct rx_model_env, cuda_graph_max_bs) + sizeof env->cuda_graph_max_bs
         || env->cuda_graph_max_bs <= 0)
         return RX_OK;
@@ -107,8 +115,14 @@ static inline int rx_model_graphs_run (struct rx_model_graphs *g, const struct r
         /* End the capture whatever happened, so the stream is usable. */
         struct rx_err e2 = { 0 };
         int rc2 = K->graph_end (k->be, k->stream, key, rc == RX_OK ? err : &e2);
-        if (rc != RX_OK) return rc;
-        if (rc2 != RX_OK) return rc2;
+        if (rc != RX_OK || rc2 != RX_OK) {
+            RX_HLOG (g->host, RX_LOG_WARN,
+                     "%s: capturing the graph of a %d-sequence decode step failed (%s): CUDA graphs off, steps run op by op",
+                     g->who, (int) n, err ? err->msg : rx_status_name (rc != RX_OK ? rc : rc2));
+            g->max_bs = 0;
+            rx_err_clear (err);
+            return step (model, b, dv, err);
+        }
         f->logits = b->logits;
         f->stage = dv->tokens;
     }

@@ -2,15 +2,18 @@
  * a dispatcher handed out (radix/moe.h), written once for every MoE model
  * (model-llama, model-deepseek2).  Header-only: plugins link no shared code.
  *
- * rx_moe_experts_device (kc, place, n_tok): whether a dispatch of n_tok
- * tokens should ask for device offsets (RX_MOE_ROUTED_DEVICE): the backend
- * has the ABI 1.3 grouped matmul, the placement is the identity (the
- * grouped matmul runs expert e's own weights, not a slot's logical
- * expert), no counting this step (rx_moe_place_route copies the ids to the
- * host for it anyway) and n_tok <= RX_MOE_DEVICE_MAX_TOKENS.  The bound
- * keeps prefill-size batches on the host-offset path: there each expert's
- * rows are one matmul, which a GPU backend runs as a GEMM, while
- * kernels-cuda's grouped matmul is a matvec per row, made for decode.
+ * rx_moe_experts_device (place, n_tok): whether a dispatch of n_tok tokens
+ * should ask for device offsets (RX_MOE_ROUTED_DEVICE): the backend runs
+ * the ABI 1.3 expert ops and a host copy costs there (asynchronous or
+ * graph-capturing: rx_moe_place_init), the step is a decode step (one
+ * token per sequence) of n_tok <= RX_MOE_DEVICE_MAX_TOKENS, the placement
+ * is the identity (the grouped matmul runs expert e's own weights, not a
+ * slot's logical expert) and nothing counts this step (rx_moe_place_route
+ * copies the ids to the host for that anyway).  Prefill and mixed steps
+ * keep host offsets: each expert's rows are one matmul there, which a GPU
+ * backend runs as a GEMM, while kernels-cuda's grouped matmul is a matvec
+ * per row, made for decode; the one synchronize per layer is small beside
+ * a prefill.
  *
  * rx_moe_experts (kc, place, layer, r, w, scratch, err): each local expert
  * e runs down(silu(gate_e x) * up_e x) over its rows of r->x into the same
@@ -21,7 +24,8 @@
  *   - device offsets (r->d_offsets, r->offsets NULL): matmul_grouped over
  *     the r->n_rows rows in windows of w->piece rows, no host copy.
  * Both give the same numbers on kernels-cpu (its grouped matmul is its
- * matmul per expert; test_engine checks the two paths bit for bit).
+ * matmul per expert; test_engine checks the two paths bit for bit, with
+ * emulated graphs, which make kernels-cpu take the device path).
  *
  * Thread-safety: as the model instance (one thread). */
 #ifndef RX_MODELS_MOE_EXPERTS_H
@@ -34,6 +38,7 @@
 #include <radix/err.h>
 #include <radix/kernel.h>
 #include <radix/moe.h>
+#include <radix/plugin.h>
 
 #include "moe_place.h"
 
@@ -48,11 +53,10 @@ struct rx_moe_expert_w {
     size_t piece;                            /* rows g and u hold */
 };
 
-static inline int rx_moe_experts_device (const struct rx_kctx *kc, const struct rx_moe_place *place,
-                                         size_t n_tok)
+static inline int rx_moe_experts_device (const struct rx_moe_place *place, size_t n_tok)
 {
-    return RX_HAS (struct rx_kernels_ops, kc->ops, moe_combine) && kc->ops->matmul_grouped
-           && !place->pl && !rx_moe_place_counting (place) && n_tok <= RX_MOE_DEVICE_MAX_TOKENS;
+    return place->dev_backend && place->decode && !place->pl && !rx_moe_place_counting (place)
+           && n_tok <= RX_MOE_DEVICE_MAX_TOKENS;
 }
 
 static inline int rx_moe_experts (const struct rx_kctx *kc, const struct rx_moe_place *place,

@@ -37,6 +37,7 @@
 #include <radix/kernel.h>
 #include <radix/model.h>
 #include <radix/moe.h>
+#include <radix/plugin.h>
 
 struct rx_moe_place {
     const struct rx_moe_placement *pl;   /* NULL = identity (n_physical = n_expert) */
@@ -45,6 +46,9 @@ struct rx_moe_place {
     int32_t *ids_h;                      /* host scratch for device ids [cap] */
     size_t cap;
     int on;                              /* count this step (rx_moe_place_step) */
+    int decode;                          /* this step is one token per sequence */
+    int dev_backend;                     /* the backend runs the expert pass on the device
+                                          * (models/moe_experts.h; set at init) */
 };
 
 /* At the start of each forward: whether this step's choices are counted
@@ -53,6 +57,7 @@ static inline void rx_moe_place_step (struct rx_moe_place *mp, const struct rx_m
 {
     mp->on = b->struct_size >= offsetof (struct rx_model_batch, count_experts) + sizeof b->count_experts
                  ? b->count_experts != 0 : 1;
+    mp->decode = b->n_tokens == b->n_seq;
 }
 
 /* Whether this step counts the choices (a host copy of the ids). */
@@ -72,6 +77,16 @@ static inline int rx_moe_place_init (struct rx_moe_place *mp, const char *who,
     mp->ids_h = NULL;
     mp->cap = 0;
     mp->on = 1;
+    mp->decode = 0;
+    /* The ABI 1.3 expert ops on a backend where a host copy costs: an
+     * asynchronous or graph-capturing one.  On a synchronous host backend
+     * (kernels-cpu) the host path costs nothing and keeps its checks of
+     * the ids. */
+    struct rx_kernels_info ki = { .struct_size = sizeof ki };
+    const struct rx_kernels_ops *K = env->k.ops;
+    mp->dev_backend = K && RX_HAS (struct rx_kernels_ops, K, moe_combine) && K->matmul_grouped && K->moe_sort
+                      && K->gather_rows && K->info && K->info (env->k.be, &ki) == RX_OK
+                      && (ki.caps & (RX_KCAP_ASYNC | RX_KCAP_GRAPHS));
     if (env->struct_size < offsetof (struct rx_model_env, expert_count_experts) + sizeof (int32_t)
         || !env->expert_count || n_moe_layer <= 0)
         return RX_OK;

@@ -1039,7 +1039,7 @@ static int s_moe_sort (void *be, rx_kstream_t *s, const int32_t *ids, size_t n_t
     S_BEGIN ("moe_sort");
     S_NEED (n_expert >= 1, "kernels-cuda moe_sort: n_expert is 0");
     S_NEED (kk >= 1, "kernels-cuda moe_sort: k is 0");
-    S_NEED (n_tok <= INT32_MAX / kk, "kernels-cuda moe_sort: %zu tokens x k = %zu choices do not "
+    S_NEED (n_tok <= (INT32_MAX - 1024) / kk, "kernels-cuda moe_sort: %zu tokens x k = %zu choices do not "
             "fit int32 rows", n_tok, kk);
     S_NEED (offsets, "kernels-cuda moe_sort: offsets is NULL");
     S_NEED (n_tok == 0 || (ids && row && src), "kernels-cuda moe_sort: ids, row or src is NULL");

@@ -1068,7 +1068,7 @@ static int s_moe (struct ds_model *m, const struct ds_layer *Y, size_t n, size_t
         /* nc 0: this rank has no rows left but a peer has (DP attention). */
         const size_t nc = c0 >= n ? 0 : n - c0 < (size_t) m->moe_chunk ? n - c0 : (size_t) m->moe_chunk;
         struct rx_moe_routed r = { .struct_size = sizeof r };
-        const int dev = rx_moe_experts_device (&m->k, &m->place, nc);
+        const int dev = rx_moe_experts_device (&m->place, nc);
         if (dev) r.flags = RX_MOE_ROUTED_DEVICE;
         DS_TRY (m->moe_ops->dispatch (m->moe, m->h + c0 * E, E, (int32_t) nc, m->d_topk + c0 * KK,
                                       m->wts + c0 * KK, &r, err));
@@ -1312,7 +1312,7 @@ static int s_graph_step (const struct ds_model *m, const struct rx_model_batch *
     return rx_model_graphs_shape (&m->graphs, b) && m->n_rank == 1 && m->warm &&
            (m->n_dense >= m->n_layer ||
             (m->moe_dev_seen && RX_HAS (struct rx_kernels_ops, m->k.ops, moe_route) && m->k.ops->moe_route &&
-             rx_moe_experts_device (&m->k, &m->place, (size_t) b->n_tokens)));
+             rx_moe_experts_device (&m->place, (size_t) b->n_tokens)));
 }
 
 static int s_graph_eager (void *p, const struct rx_model_batch *b, const struct rx_model_batch_dev *dv,

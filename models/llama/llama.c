@@ -1140,7 +1140,7 @@ static int s_moe_ffn (struct ll_model *m, const struct ll_layer *L, size_t nn, s
         /* cn 0: this rank has no rows left but a peer has (DP attention). */
         size_t cn = c0 >= nn ? 0 : nn - c0 < (size_t) m->moe_chunk ? nn - c0 : (size_t) m->moe_chunk;
         struct rx_moe_routed r = { .struct_size = sizeof r };
-        const int dev = rx_moe_experts_device (&m->k, &m->place, cn);
+        const int dev = rx_moe_experts_device (&m->place, cn);
         if (dev) r.flags = RX_MOE_ROUTED_DEVICE;
         LL_TRY (m->moe_ops->dispatch (m->moe, m->h + c0 * E, E, (int32_t) cn, m->topi + c0 * KU,
                                       m->topw + c0 * KU, &r, err));
@@ -1313,7 +1313,7 @@ static int s_forward_eager (struct ll_model *m, const struct rx_model_batch *b,
 static int s_graph_step (const struct ll_model *m, const struct rx_model_batch *b)
 {
     return rx_model_graphs_shape (&m->graphs, b) && m->n_rank == 1 &&
-           (m->n_expert == 0 || (m->moe_dev_seen && rx_moe_experts_device (&m->k, &m->place, (size_t) b->n_tokens))) &&
+           (m->n_expert == 0 || (m->moe_dev_seen && rx_moe_experts_device (&m->place, (size_t) b->n_tokens))) &&
            !RX_HAS (struct rx_attn_ops, m->attn_ops, prepare);
 }
 

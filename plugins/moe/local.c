@@ -69,6 +69,7 @@ struct ml {
     int32_t *d_src;             /* [max_tokens * k]: token of routed row r */
     float *d_w;                 /* [max_tokens * k]: the dispatch's weights */
     int dev;                    /* the last dispatch sorted on the device */
+    int no_dev;                 /* the backend refused moe_sort for our shape */
 
     /* The asynchronous halves (see s_dispatch_start). */
     int pend;
@@ -200,18 +201,28 @@ static int s_dispatch (void *p, const float *x, size_t ldx, int32_t n_tok, const
     const int want_dev = routed->struct_size >= offsetof (struct rx_moe_routed, d_offsets) + sizeof routed->d_offsets
                          && (routed->flags & RX_MOE_ROUTED_DEVICE);
     m->dev = 0;
-    if (want_dev && m->d_off) {
-        /* The same stable sort on the device (see the header). */
+    int rc = want_dev && m->d_off && !m->no_dev ? RX_OK : RX_ENOTSUP;
+    if (rc == RX_OK) {
+        /* The same stable sort on the device (see the header).  A backend
+         * may refuse a shape (kernels-cuda: more than 4096 experts): the
+         * host path then, for good. */
+        rc = m->K->moe_sort (m->be, m->st, ids, (size_t) n_tok, (size_t) k, (size_t) NE, m->d_off, m->d_row,
+                             m->d_src, err);
+        if (rc == RX_ENOTSUP) {
+            rx_err_clear (err);
+            m->no_dev = 1;
+        }
+    }
+    if (rc != RX_ENOTSUP) {
+        ML_TRY (rc);
         if (n > 0) ML_TRY (m->K->copy_d2d (m->be, m->st, m->d_w, w, n * sizeof (float), err));
-        ML_TRY (m->K->moe_sort (m->be, m->st, ids, (size_t) n_tok, (size_t) k, (size_t) NE, m->d_off,
-                                m->d_row, m->d_src, err));
         if (n > 0) ML_TRY (m->K->gather_rows (m->be, m->st, x, ldx, m->d_src, n, E, m->rx, E, err));
         struct rx_moe_routed o = {
             .struct_size = routed->struct_size, .first_expert = 0, .n_local_expert = NE,
             .offsets = NULL, .n_rows = (int32_t) n, .x = m->rx, .y = m->ry,
             .flags = routed->flags, .d_offsets = m->d_off,
         };
-        memcpy (routed, &o, sizeof o);
+        memcpy (routed, &o, routed->struct_size < sizeof o ? routed->struct_size : sizeof o);
         m->dev = 1;
         m->n_tok = n_tok;
         return RX_OK;

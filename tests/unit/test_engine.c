@@ -723,17 +723,20 @@ Test (engine, forward_ids_argmax_on_the_device_and_wanted_rows_only)
 
 /* The appended kernel ops against an ABI 1.0 view of the same backend
  * ([kernels] ops_abi = 1.0: no appended ops): model-deepseek2 routes with
- * moe_route, and both MoE models run their experts from device offsets
- * (moe_sort, gather_rows, matmul_grouped, moe_combine; models/
- * moe_experts.h); without the ops they route and sort on the host as
- * before.  The two give the same logits, bit for bit, through a prefill
- * and decode steps. */
+ * moe_route, and both MoE models run the experts of their decode steps
+ * from device offsets (moe_sort, gather_rows, matmul_grouped, moe_combine;
+ * models/moe_experts.h) -- which kernels-cpu takes when it can capture
+ * graphs ([kernels.cpu] graphs, no capture asked here), as on a GPU --
+ * and without the ops they route and sort on the host as before.  The two
+ * give the same logits, bit for bit, through prefills and decode steps of
+ * 4 sequences, whose 8 expert rows span two of the model's 4-row windows
+ * (max_tokens 4). */
 static void s_device_ops_equal_host (const char *model)
 {
     char *m = s_model (model);
     struct rx_boot b[2];
-    rx_engine_t *e[2] = { s_engine (&b[0], NULL, m, 64, 16),
-                          s_engine (&b[1], "[kernels]\nops_abi = 1.0\n", m, 64, 16) };
+    rx_engine_t *e[2] = { s_engine (&b[0], "[kernels.cpu]\ngraphs = true\n", m, 64, 4),
+                          s_engine (&b[1], "[kernels]\nops_abi = 1.0\n", m, 64, 4) };
     const struct rx_kernels_ops *K[2];
     void *be;
     for (int i = 0; i < 2; i++) rx_engine_kernels (e[i], &K[i], &be);
@@ -743,20 +746,27 @@ static void s_device_ops_equal_host (const char *model)
     struct rx_err err = { 0 };
     const int V = rx_engine_info (e[0])->n_vocab;
     float *lg[2] = { malloc ((size_t) 4 * V * sizeof (float)), malloc ((size_t) 4 * V * sizeof (float)) };
-    int32_t toks[6] = { 1, 17, 300, 42, 7, 99 };
-    int seq[2];
-    for (int i = 0; i < 2; i++) {
-        seq[i] = rx_engine_seq_new (e[i], 16, &err);
-        struct rx_engine_req r = { seq[i], 4, toks, 1 };
-        cr_assert_eq (rx_engine_step (e[i], &r, 1, lg[i], &err), RX_OK, "%s", err.msg);
-    }
-    cr_assert (!memcmp (lg[0], lg[1], (size_t) 4 * V * sizeof (float)), "prefill logits");
-    for (int k = 0; k < 2; k++) {
+    int32_t toks[4][3] = { { 1, 17, 300 }, { 1, 42, 7 }, { 1, 99, 5 }, { 1, 450, 8 } };
+    int seq[2][4];
+    for (int s = 0; s < 4; s++) {
         for (int i = 0; i < 2; i++) {
-            struct rx_engine_req r = { seq[i], 1, &toks[4 + k], 0 };
+            seq[i][s] = rx_engine_seq_new (e[i], 16, &err);
+            struct rx_engine_req r = { seq[i][s], 3, toks[s], 1 };
             cr_assert_eq (rx_engine_step (e[i], &r, 1, lg[i], &err), RX_OK, "%s", err.msg);
         }
-        cr_assert (!memcmp (lg[0], lg[1], (size_t) V * sizeof (float)), "decode step %d", k);
+        cr_assert (!memcmp (lg[0], lg[1], (size_t) 3 * V * sizeof (float)), "prefill %d", s);
+    }
+    for (int k = 0; k < 3; k++) {
+        for (int i = 0; i < 2; i++) {
+            struct rx_engine_req r[4];
+            int32_t tok[4];
+            for (int s = 0; s < 4; s++) {
+                tok[s] = (int32_t) (100 + 13 * k + s);
+                r[s] = (struct rx_engine_req) { seq[i][s], 1, &tok[s], 0 };
+            }
+            cr_assert_eq (rx_engine_step (e[i], r, 4, lg[i], &err), RX_OK, "%s", err.msg);
+        }
+        cr_assert (!memcmp (lg[0], lg[1], (size_t) 4 * V * sizeof (float)), "decode step %d", k);
     }
     for (int i = 0; i < 2; i++) {
         free (lg[i]);

@@ -385,9 +385,11 @@ struct rx_kernels_ops {
      * (offsets: device int32 [n_expert + 1], nondecreasing, from moe_sort);
      * rows at or past offsets[n_expert] are not written.  Y[i] = X[i] W_e^T
      * (RX_MM_ACCUMULATE: +=) with matmul's numerics for that expert's rows
-     * inside the window (a backend picks its kernel by row count, as matmul
-     * does, so an expert split over two windows may differ in the last
-     * bits from one call over all its rows).  The offsets are trusted: the
+     * inside the window -- up to the kernel: kernels-cpu picks it by row
+     * count as its matmul does (so an expert split over two windows may
+     * differ in the last bits from one call over all its rows); kernels-
+     * cuda runs its matvec for every n, which may differ in the last bits
+     * from its matmul's GEMM path (within the matmul tolerance).  The offsets are trusted: the
      * CPU checks them, a GPU backend cannot without a copy to the host. */
     int  (*matmul_grouped) (void *be, rx_kstream_t *s, const rx_kweight_t *w, const int32_t *offsets,
                             size_t row0, const float *x, size_t ldx, float *y, size_t ldy, size_t n,
