@@ -644,7 +644,8 @@ static int s_hparams (struct ll_model *m, const struct rx_model_src *src, struct
  * overrides it, for the test matrix): load Q, K, V as one weight and gate,
  * up as one, so a layer runs 3 matmuls and a rope call fewer -- kernel
  * launches a GPU pays for at batch 1.  The results are the same: each
- * output row is the same dot product.  auto = on for a backend that
+ * output row is the same dot product (bit for bit on kernels-cpu; a GPU
+ * GEMM of another output width may round the last bits differently).  auto = on for a backend that
  * copies weights at load (a GPU); kernels-cpu maps the file without a
  * copy, and a fused copy would only add memory. */
 static int s_fuse_mode (struct ll_model *m, struct rx_err *err)
