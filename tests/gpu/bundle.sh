@@ -11,6 +11,7 @@
 set -eu
 top=$(cd "$(dirname "$0")/../.." && pwd)
 D=${1:-$top/_gpu}
+case $D in /*) ;; *) D=$PWD/$D ;; esac   # the packing below runs from /
 B=/tmp/rxgpub
 shared=${RADIX_SHARED:-$top/../shared}
 [ -x "$top/configure" ] || (cd "$top" && autoreconf -fi)
