@@ -1,7 +1,10 @@
 /* tests/unit/test_sampling.c -- core/sampling: greedy, temperature, top-k,
- * top-p, min-p, seeds, and bad parameters. */
+ * top-p, min-p, seeds, bad parameters, and the radix sort of top-p / min-p
+ * against the qsort reference it replaced. */
 #include <criterion/criterion.h>
+#include <float.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "sampling.h"
@@ -172,4 +175,164 @@ Test (sampling, bad_parameters_are_refused_with_a_message)
     s_bad (INFINITY, 0, 1, 0, 10, "temperature");
     s_bad (1, 0, 1, 0, 0, "vocabulary");
     rx_sampler_destroy (NULL);
+}
+
+/* ---- radix sort vs the qsort it replaced ------------------------------------
+ * s_ref_sample (tests/sampling_ref.h) is rx_sampler_sample_with as it was
+ * before the radix sort, kept as the reference: the new sampler must draw
+ * the very same token, and leave the generator in the same state, for
+ * every row, parameter set and seed. */
+
+#include "../sampling_ref.h"
+
+/* The test's own generator (xorshift64*), independent of the sampler's. */
+static uint64_t s_tr = 0x2545f4914f6cdd1dull;
+static uint32_t s_rand (void)
+{
+    s_tr ^= s_tr >> 12;
+    s_tr ^= s_tr << 25;
+    s_tr ^= s_tr >> 27;
+    return (uint32_t) ((s_tr * 0x2545f4914f6cdd1dull) >> 32);
+}
+static double s_unif (void) { return (s_rand () + 0.5) / 4294967296.0; }
+static double s_gauss (void)
+{
+    return sqrt (-2.0 * log (s_unif ())) * cos (6.283185307179586 * s_unif ());
+}
+
+/* Row of kind `kind`: 0 Gaussian with outliers, 1 few distinct values (ties,
+ * -0.0 and +0.0 mixed), 2 huge, tiny and subnormal magnitudes, 3 Gaussian
+ * with NaN / +-inf sprinkled in, 4 random bit patterns (any float), 5 no
+ * finite value at all, 6 nothing above zero and zeros of both signs at the
+ * top (the sampler takes a zero's sign from the row, not from its key). */
+static void s_row (float *x, int32_t v, int kind)
+{
+    static const float few[] = { -1.0f, -0.0f, 0.0f, 0.5f, 1.0f, -0.0f, 0.0f, 2.0f };
+    static const float odd[] = { 3e38f, -3e38f, 1e30f, -1e30f, 1e-40f, -1e-40f, 1e-45f,
+                                 -1e-45f, 0.0f, -0.0f, 1.17549435e-38f, -1.17549435e-38f,
+                                 FLT_MAX, -FLT_MAX, 1.0f, 1.0000001f };
+    for (int32_t i = 0; i < v; i++) {
+        switch (kind) {
+        case 0:
+            x[i] = (float) (2.5 * s_gauss ());
+            if (s_rand () % 1000 == 0) x[i] += 15.0f;
+            break;
+        case 1: x[i] = few[s_rand () % 8]; break;
+        case 2:
+            x[i] = s_rand () % 2 ? odd[s_rand () % 16] : (float) (s_gauss () * 1e-39);
+            break;
+        case 3: {
+            uint32_t r = s_rand () % 10;
+            x[i] = r == 0 ? NAN : r == 1 ? -INFINITY : r == 2 && s_rand () % 8 == 0 ? INFINITY
+                                                                                     : (float) s_gauss ();
+            break;
+        }
+        case 4: {
+            uint32_t u = s_rand ();
+            memcpy (&x[i], &u, sizeof u);
+            break;
+        }
+        case 5: x[i] = s_rand () % 2 ? NAN : -INFINITY; break;
+        default: {
+            static const float np[] = { -0.0f, 0.0f, -1e-45f, -1.0f, -3.5f, -0.0f, NAN, -1e-3f };
+            x[i] = np[s_rand () % 8];
+            break;
+        }
+        }
+    }
+}
+
+/* Random parameters; top_k mostly off (0, -1, >= vocab), sometimes on. */
+static void s_params (struct rx_sampling *p, int32_t v)
+{
+    rx_sampling_defaults (p);
+    uint32_t r = s_rand () % 16;
+    p->temperature = r == 0 ? 0.0f : r == 1 ? 100.0f : (float) (0.05 + 2.0 * s_unif ());
+    r = s_rand () % 8;
+    p->top_k = r == 0 ? -1 : r == 1 ? v : r == 2 ? v + 5 : r == 3 ? 1 + (int32_t) (s_rand () % 50) : 0;
+    r = s_rand () % 6;
+    p->top_p = r == 0 ? 1.0f : r == 1 ? 1e-6f : r == 2 ? 0.9f : r == 3 ? 0.95f : (float) s_unif ();
+    r = s_rand () % 6;
+    p->min_p = r < 3 ? 0.0f : r == 3 ? 1.0f : r == 4 ? 0.05f : (float) s_unif ();
+}
+
+Test (sampling, radix_sort_draws_exactly_what_the_qsort_reference_draws, .timeout = 600)
+{
+    static const int32_t vocab[] = { 1, 2, 3, 255, 256, 257, 32000, 128256 };
+    int32_t *idx = malloc (128256 * sizeof *idx);
+    float *val = malloc (128256 * sizeof *val), *x = malloc (128256 * sizeof *x);
+    cr_assert (idx && val && x);
+    long draws = 0, sorted = 0;
+    for (size_t vi = 0; vi < sizeof vocab / sizeof *vocab; vi++) {
+        const int32_t v = vocab[vi];
+        rx_sampler_t *s = s_new (1, 0, 1, 0, 0, v);
+        /* fewer rows for the big vocabularies: the reference is the slow one */
+        const int rows = v >= 100000 ? 14 : v >= 10000 ? 28 : 140;
+        for (int row = 0; row < rows; row++) {
+            const int kind = row % 7;
+            s_row (x, v, kind);
+            for (int ps = 0; ps < 3; ps++) {
+                struct rx_sampling p;
+                s_params (&p, v);
+                if (ps == 0) {   /* the OpenAI case: top_k off, top_p or min_p on */
+                    p.temperature = 0.7f;
+                    p.top_k = row % 2 ? 0 : -1;
+                    p.top_p = 0.9f + 0.05f * (float) (row % 3);
+                }
+                sorted += p.temperature > 0 && (p.top_p < 1 || p.min_p > 0);
+                const int seeds = v >= 10000 ? 1 : 4;
+                for (int sd = 0; sd < seeds; sd++) {
+                    uint64_t st = ((uint64_t) s_rand () << 32) | s_rand (), st_ref = st;
+                    for (int d = 0; d < 3; d++) {
+                        int32_t want = s_ref_sample (&p, &st_ref, x, v, idx, val);
+                        int32_t got = rx_sampler_sample_with (s, &p, &st, x);
+                        cr_assert_eq (got, want,
+                                      "vocab %d row %d (kind %d) T %g top_k %d top_p %g min_p %g "
+                                      "draw %d: %d, reference %d",
+                                      v, row, kind, (double) p.temperature, p.top_k,
+                                      (double) p.top_p, (double) p.min_p, d, got, want);
+                        cr_assert_eq (st, st_ref);
+                        draws++;
+                    }
+                }
+            }
+        }
+        rx_sampler_destroy (&s);
+    }
+    cr_log_info ("%ld draws identical (%ld parameter sets sorted all candidates)", draws, sorted);
+    cr_assert_gt (sorted, 500);   /* the radix path was the one exercised */
+    free (idx);
+    free (val);
+    free (x);
+}
+
+/* With top_p tiny only the first candidate in sorted order survives, so the
+ * drawn token shows the order directly (expected values by hand). */
+static int32_t s_first (const float *x, int32_t v)
+{
+    struct rx_sampling p;
+    rx_sampling_defaults (&p);
+    p.temperature = 1;
+    p.top_p = 1e-6f;
+    rx_sampler_t *s = s_new (1, 0, 1, 0, 0, v);
+    uint64_t st = 99;
+    int32_t t = rx_sampler_sample_with (s, &p, &st, x);
+    rx_sampler_destroy (&s);
+    return t;
+}
+
+Test (sampling, sorted_order_is_larger_logit_then_lower_id)
+{
+    float a[] = { -0.0f, 0.0f, -1.0f };          /* -0.0 == +0.0: lower id */
+    cr_assert_eq (s_first (a, 3), 0);
+    float b[] = { -1.0f, 0.0f, -0.0f };
+    cr_assert_eq (s_first (b, 3), 1);
+    float c[] = { 0.0f, 1e-45f, -0.0f };         /* the smallest subnormal beats zero */
+    cr_assert_eq (s_first (c, 3), 1);
+    float d[] = { -3.0f, -2.0f, -2.5f, NAN, INFINITY };   /* negatives; +inf is not a candidate */
+    cr_assert_eq (s_first (d, 5), 1);
+    float e[] = { -FLT_MAX, -1e-45f, -INFINITY };
+    cr_assert_eq (s_first (e, 3), 1);
+    float f[] = { 5.0f, 7.0f, 7.0f, 6.0f };       /* tie: lower id */
+    cr_assert_eq (s_first (f, 4), 1);
 }
