@@ -13,14 +13,16 @@
  * the repeats and the ratio, and the same for plain sampling (top_p 1,
  * min_p 0: no sort at all) on the same rows: the floor that exp over every
  * candidate and the draw cost anyway.  Both sorted versions draw the same
- * tokens (checked: exit 1 if not).  Not a test; run by hand
- * (docs/benchmarks.md). */
+ * tokens (checked: exit 1 if not).  Then a decode step of 64 sampled
+ * 128k rows on the scheduler's sampling threads (core/sample_pool.h),
+ * 1 thread against 2.  Not a test; run by hand (docs/benchmarks.md). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "sample_pool.h"
 #include "sampling.h"
 
 /* ---- qsort (before): rx_sampler_sample_with before the radix sort
@@ -29,6 +31,63 @@
 #include "../tests/sampling_ref.h"
 
 /* ---- the bench ---- */
+
+static double s_now (void);
+static double s_median (double *v, int n);
+static void s_fill (float *x, int32_t V, int rows);
+
+/* The scheduler's sampling threads (core/sample_pool.h): a decode step of
+ * 64 sampled rows (128256 vocabulary, temperature 0.7, top_p 0.9), ms per
+ * step with 1 thread and with 2 (the box's cores), median over reps. */
+struct s_pj {
+    const float *x;
+    int32_t V;
+    uint64_t st[64];
+    int32_t tok[64];
+};
+
+static void s_pool_row (void *ctx, size_t i, struct rx_sample_scratch *w)
+{
+    struct s_pj *j = ctx;
+    struct rx_sampling p;
+    rx_sampling_defaults (&p);
+    p.temperature = 0.7f;
+    p.top_p = 0.9f;
+    j->tok[i] = rx_sampler_sample_with (w->sampler, &p, &j->st[i], j->x + i * (size_t) j->V);
+}
+
+static void s_pool_bench (int reps)
+{
+    const int32_t V = 128256;
+    const int rows = 64;
+    float *x = malloc ((size_t) rows * (size_t) V * sizeof *x);
+    double *t = malloc ((size_t) reps * sizeof *t);
+    if (!x || !t) return;
+    s_fill (x, V, rows);
+    int32_t first[64];
+    printf ("\nsampling threads (core/sample_pool.h): %d rows of %d, T 0.7 top_p 0.90, ms per step\n", rows, V);
+    for (int th = 1; th <= 2; th++) {
+        struct rx_err err = { 0 };
+        rx_sample_pool_t *p = rx_sample_pool_new (th, V, &err);
+        if (!p) {
+            fprintf (stderr, "sampling-bench: %s\n", err.msg);
+            break;
+        }
+        struct s_pj j = { .x = x, .V = V };
+        for (int r = 0; r < reps; r++) {
+            for (int i = 0; i < rows; i++) j.st[i] = 7u + (uint64_t) i;
+            double t0 = s_now ();
+            rx_sample_pool_run (p, (size_t) rows, s_pool_row, &j);
+            t[r] = (s_now () - t0) * 1e3;
+        }
+        if (th == 1) memcpy (first, j.tok, sizeof first);
+        printf ("threads %d: %8.1f ms%s\n", th, s_median (t, reps),
+                th > 1 && memcmp (first, j.tok, sizeof first) ? "  TOKENS DIFFER" : "");
+        rx_sample_pool_destroy (&p);
+    }
+    free (x);
+    free (t);
+}
 
 static double s_now (void)
 {
@@ -56,6 +115,16 @@ static double s_median (double *x, int n)
 {
     qsort (x, (size_t) n, sizeof *x, s_dcmp);
     return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+/* Rows of Gaussian logits (sd 2.5), ~1 in 1000 raised by 10-20. */
+static void s_fill (float *x, int32_t V, int rows)
+{
+    for (size_t i = 0; i < (size_t) rows * (size_t) V; i++) {
+        double g = sqrt (-2.0 * log (s_unif ())) * cos (6.283185307179586 * s_unif ());
+        x[i] = (float) (2.5 * g);
+        if (s_unif () < 0.001) x[i] += (float) (10.0 + 10.0 * s_unif ());
+    }
 }
 
 int main (int argc, char **argv)
@@ -86,11 +155,7 @@ int main (int argc, char **argv)
             fprintf (stderr, "sampling-bench: %s\n", s ? "out of memory" : err.msg);
             return 1;
         }
-        for (size_t i = 0; i < (size_t) rows * (size_t) V; i++) {
-            double g = sqrt (-2.0 * log (s_unif ())) * cos (6.283185307179586 * s_unif ());
-            x[i] = (float) (2.5 * g);
-            if (s_unif () < 0.001) x[i] += (float) (10.0 + 10.0 * s_unif ());
-        }
+        s_fill (x, V, rows);
         for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
             struct rx_sampling p = sp;
             p.temperature = 0.7f;
@@ -138,6 +203,8 @@ int main (int argc, char **argv)
         fprintf (stderr, "sampling-bench: %d rows drew different tokens\n", bad);
         return 1;
     }
+
     printf ("tokens identical on every row (%d repeats x %d rows per case)\n", reps, rows);
+    s_pool_bench (reps);
     return 0;
 }

@@ -22,6 +22,7 @@
 #include "loader.h"
 #include "log.h"
 #include "radix_cache.h"
+#include "sample_pool.h"
 #include "sampling.h"
 #include "scheduler.h"
 
@@ -64,6 +65,8 @@ struct s_req {
     rx_radix_node_t *match_node;
     uint32_t extend;
     double   priority;
+    int32_t  drawn;              /* this step's token, drawn on the sampling pool */
+    int      has_drawn;
     /* when finished / aborted */
     uint8_t  finish;
     int32_t  matched;
@@ -88,9 +91,9 @@ struct rx_sched {
     rx_plugin_t *policy_plugin;
     const struct rx_sched_policy_ops *policy;
     void *policy_inst;
-    rx_sampler_t *sampler;       /* scratch shared by every request */
-    uint32_t *pen_counts;        /* [n_vocab] zeroed scratch */
-    float *row_buf;              /* [n_vocab] */
+    rx_sample_pool_t *spool;     /* host sampling threads and their scratch */
+    struct s_draw *draws;        /* [cap_draws] this step's host-sampled rows */
+    size_t cap_draws;
 
     struct s_list waiting, running, zombies, to_free;
     struct s_req *chunked;       /* mid-prompt request (holds a row and a lock) */
@@ -214,6 +217,7 @@ int rx_sched_opts_from_conf (const rx_conf_t *conf, struct rx_sched_opts *o, str
     o->context_len = 0;
     /* DP attention admits more conservatively (struct rx_sched_opts). */
     o->min_reserve_ratio = rx_conf_bool (conf, "parallel", "dp_attention", 0) ? 1.0 : 0.0;
+    o->sampling_threads = (int32_t) rx_conf_int (conf, "scheduler", "sampling_threads", 0);
     (void) err;
     return RX_OK;
 }
@@ -344,14 +348,9 @@ rx_sched_t *rx_sched_new (struct rx_boot *boot, rx_engine_t *engine, const struc
     if (s->policy->create && s->policy->create (rx_plugin_host (s->policy_plugin), &s->policy_inst, err))
         goto fail;
 
-    struct rx_sampling sp;
-    rx_sampling_defaults (&sp);
-    s->sampler = rx_sampler_new (&sp, s->n_vocab, err);
-    if (!s->sampler) goto fail;
-    s->pen_counts = calloc ((size_t) s->n_vocab, sizeof *s->pen_counts);
-    s->row_buf = malloc ((size_t) s->n_vocab * sizeof *s->row_buf);
+    if (!(s->spool = rx_sample_pool_new (s->o.sampling_threads, s->n_vocab, err))) goto fail;
     s->mslots = malloc ((size_t) (s->ctx + 1) * sizeof *s->mslots);
-    if (!s->pen_counts || !s->row_buf || !s->mslots) {
+    if (!s->mslots) {
         rx_err_set (err, RX_ENOMEM, "scheduler: out of memory");
         goto fail;
     }
@@ -391,9 +390,8 @@ void rx_sched_destroy (rx_sched_t **self_p)
     rx_kvpool_rows_destroy (&s->rows);
     rx_kvpool_destroy (&s->pool);
     if (s->policy && s->policy->destroy) s->policy->destroy (s->policy_inst);
-    rx_sampler_destroy (&s->sampler);
-    free (s->pen_counts);
-    free (s->row_buf);
+    rx_sample_pool_destroy (&s->spool);
+    free (s->draws);
     free (s->mslots);
     free (s->b_tokens); free (s->b_pos); free (s->b_q); free (s->b_kvs);
     free (s->b_slots); free (s->b_out); free (s->logits); free (s->items);
@@ -1115,10 +1113,78 @@ static int s_is_stop_id (const struct rx_sampling_params *sp, int32_t t)
     return 0;
 }
 
+/* Whether r's row this step is sampled on the host (not its max_tokens
+ * reached already, not a plain greedy row: the device argmax is its
+ * token), and with which ban (min_tokens not reached yet). */
+static int s_host_draw (const struct s_req *r, int *ban)
+{
+    uint32_t n_out = r->len - r->n_in;
+    if ((int64_t) n_out >= r->g->max_new) return 0;
+    *ban = (int64_t) n_out < r->g->req.sp.min_tokens;
+    return !(r->g->plain_greedy && !*ban);
+}
+
+/* r's next token from its raw logits row on the host: penalties, the
+ * min_tokens ban, then the sampler, with w's scratch (any thread's: a row
+ * depends only on its own request, generator state included). */
+static int32_t s_draw_row (const rx_sched_t *s, struct s_req *r, const float *raw, int ban,
+                           struct rx_sample_scratch *w)
+{
+    const struct rx_sampling_params *sp = &r->g->req.sp;
+    const int32_t V = s->n_vocab;
+    float *row = w->row_buf;
+    memcpy (row, raw, (size_t) V * sizeof *row);
+    rx_penalties_apply (row, V, &r->g->pen, r->toks, r->n_in, r->toks + r->n_in, r->len - r->n_in,
+                        w->pen_counts);
+    if (ban) {
+        if (s->o.eos_id >= 0) rx_logits_ban (row, V, &s->o.eos_id, 1);
+        rx_logits_ban (row, V, sp->stop_ids, sp->n_stop_ids);
+    }
+    return rx_sampler_sample_with (w->sampler, &r->g->samp, &r->rng, row);
+}
+
+/* This step's host-sampled rows, drawn on the sampling pool before the
+ * requests are walked in order (s_draw_all). */
+struct s_draw {
+    struct s_req *r;
+    const float *raw;
+    int ban;
+};
+
+static void s_draw_one (void *ctx, size_t i, struct rx_sample_scratch *w)
+{
+    const rx_sched_t *s = ctx;
+    struct s_draw *d = &s->draws[i];
+    d->r->drawn = s_draw_row (s, d->r, d->raw, d->ban, w);
+    d->r->has_drawn = 1;
+}
+
+/* Draw every host-sampled row of the batch on the pool (the rows the walk
+ * in rx_sched_step reaches, in its order of logits rows). */
+static void s_draw_all (rx_sched_t *s)
+{
+    size_t n = 0, k = 0;
+    if (s->cap_draws < s->batch.n) {
+        struct s_draw *d = realloc (s->draws, s->batch.n * sizeof *d);
+        if (!d) return;   /* drawn one by one in s_sample instead */
+        s->draws = d;
+        s->cap_draws = s->batch.n;
+    }
+    for (size_t i = 0; i < s->batch.n; i++) {
+        struct s_req *r = s->batch.v[i];
+        r->has_drawn = 0;
+        if (r->n_kv + r->extend < r->len) continue;   /* mid-prompt: no row */
+        const float *raw = s->logits + k++ * (size_t) s->n_vocab;
+        int ban = 0;
+        if (s_host_draw (r, &ban)) s->draws[n++] = (struct s_draw) { r, raw, ban };
+    }
+    rx_sample_pool_run (s->spool, n, s_draw_one, s);
+}
+
 /* Sample r's next token from its raw logits row (copied to the host only
  * when s_needs_logits said so; else dev_argmax, the device's argmax of the
- * row, is the token), emit it, check finish.  Returns 1 when the request
- * finished. */
+ * row, is the token; a host-sampled row was drawn by s_draw_all), emit it,
+ * check finish.  Returns 1 when the request finished. */
 static int s_sample (rx_sched_t *s, struct s_req *r, const float *raw, int32_t dev_argmax)
 {
     const struct rx_sampling_params *sp = &r->g->req.sp;
@@ -1130,21 +1196,16 @@ static int s_sample (rx_sched_t *s, struct s_req *r, const float *raw, int32_t d
         if (t) t->finish = RX_FINISH_LENGTH;
         return 1;
     }
-    int ban = (int64_t) n_out < sp->min_tokens;
+    int ban = 0;
     int32_t tok;
-    if (r->g->plain_greedy && !ban) {
+    if (!s_host_draw (r, &ban)) {
         tok = dev_argmax;   /* = rx_argmax (raw, V), computed on the device (s_needs_logits) */
-    } else {
-        float *row = s->row_buf;
-        memcpy (row, raw, (size_t) V * sizeof *row);
-        rx_penalties_apply (row, V, &r->g->pen, r->toks, r->n_in, r->toks + r->n_in, n_out,
-                            s->pen_counts);
-        if (ban) {
-            if (s->o.eos_id >= 0) rx_logits_ban (row, V, &s->o.eos_id, 1);
-            rx_logits_ban (row, V, sp->stop_ids, sp->n_stop_ids);
-        }
-        tok = rx_sampler_sample_with (s->sampler, &r->g->samp, &r->rng, row);
+    } else if (r->has_drawn) {
+        tok = r->drawn;
+    } else {   /* s_draw_all could not size its list: here, on this thread */
+        tok = s_draw_row (s, r, raw, ban, rx_sample_pool_scratch (s->spool));
     }
+    r->has_drawn = 0;
     if (s_push_token (r, tok)) {
         r->finish = RX_FINISH_ABORT;
         struct rx_ipc_tok_out *t = s_emit (s, r);
@@ -1263,6 +1324,7 @@ int rx_sched_step (rx_sched_t *s, struct rx_sched_out *out, struct rx_err *err)
     }
     int prefill = out->kind == RX_SCHED_PREFILL;
     if (prefill) s->chunked = NULL;
+    s_draw_all (s);
     size_t k = 0;
     for (size_t i = 0; i < s->batch.n; i++) {
         struct s_req *r = s->batch.v[i];

@@ -99,6 +99,9 @@ struct rx_sched_opts {
      * 4096), since a DP-attention rank cannot borrow KV from its peers and
      * a retraction's recompute is a step the whole group takes part in. */
     double   min_reserve_ratio;
+    /* [scheduler] sampling_threads: threads that sample host rows after a
+     * step (core/sample_pool.h; 0 = auto). */
+    int32_t  sampling_threads;
 };
 
 int rx_sched_opts_from_conf (const rx_conf_t *conf, struct rx_sched_opts *o, struct rx_err *err);

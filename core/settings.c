@@ -93,6 +93,9 @@ static const struct rx_cfg_key s_scheduler[] = {
     { "cuda_graph_max_bs", RX_CFG_INT, "0",
       "decode steps of up to this many sequences replay a CUDA graph captured per batch size (kernel backends that capture, e.g. cuda; 0 = off; docs/gpu.md)",
       0, 4096, NULL },
+    { "sampling_threads", RX_CFG_INT, "0",
+      "threads that sample a step's rows on the host (temperature, top_p, penalties), each request's token the same whatever the count; 0 = auto: 1 on up to 4 CPUs, else a quarter of them, at most 8",
+      0, 64, NULL },
     { NULL, 0, NULL, NULL, 0, 0, NULL }
 };
 

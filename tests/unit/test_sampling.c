@@ -2,11 +2,13 @@
  * top-p, min-p, seeds, bad parameters, and the radix sort of top-p / min-p
  * against the qsort reference it replaced. */
 #include <criterion/criterion.h>
+#include <stdatomic.h>
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "sample_pool.h"
 #include "sampling.h"
 
 static rx_sampler_t *s_new (float t, int32_t k, float p, float minp, uint64_t seed, int32_t n)
@@ -335,4 +337,74 @@ Test (sampling, sorted_order_is_larger_logit_then_lower_id)
     cr_assert_eq (s_first (e, 3), 1);
     float f[] = { 5.0f, 7.0f, 7.0f, 6.0f };       /* tie: lower id */
     cr_assert_eq (s_first (f, 4), 1);
+}
+
+/* ---- core/sample_pool: the scheduler's sampling threads ---------------------
+ * Every index runs exactly once per run, on scratch of the pool's own (a
+ * thread's sampler, counts and row buffer: never shared by two threads at
+ * once, so never the same pointer for two concurrently running calls);
+ * zero rows is a no-op; 1 thread runs on the caller; bad counts are one
+ * clear line. */
+
+struct pool_ctx {
+    atomic_int hits[512];
+    struct rx_sample_scratch *who[512];
+    atomic_int inside[64];   /* calls running now, per scratch slot */
+    struct rx_sample_scratch *base;
+    int overlap;
+};
+
+static void s_pool_fn (void *ctx, size_t i, struct rx_sample_scratch *w)
+{
+    struct pool_ctx *c = ctx;
+    atomic_fetch_add (&c->hits[i], 1);
+    c->who[i] = w;
+    size_t slot = (size_t) (w - c->base);
+    if (atomic_fetch_add (&c->inside[slot], 1) != 0) c->overlap = 1;
+    /* a little work, so the threads really run side by side */
+    volatile double x = 0;
+    for (int k = 0; k < 2000; k++) x += (double) k * 1e-9;
+    w->row_buf[i % 7] = (float) x;
+    atomic_fetch_sub (&c->inside[slot], 1);
+}
+
+Test (sample_pool, every_row_once_on_the_pools_own_scratch)
+{
+    struct rx_err err = { 0 };
+    for (int threads = 1; threads <= 4; threads++) {
+        rx_sample_pool_t *p = rx_sample_pool_new (threads, 1000, &err);
+        cr_assert_not_null (p, "%s", err.msg);
+        cr_assert_eq (rx_sample_pool_threads (p), threads);
+        struct rx_sample_scratch *w0 = rx_sample_pool_scratch (p);
+        cr_assert_not_null (w0->sampler);
+        cr_assert_not_null (w0->pen_counts);
+        for (int run = 0; run < 50; run++) {
+            size_t n = (size_t) (run * 37) % 300;
+            struct pool_ctx *c = calloc (1, sizeof *c);
+            c->base = w0;
+            rx_sample_pool_run (p, n, s_pool_fn, c);
+            for (size_t i = 0; i < 512; i++)
+                cr_assert_eq (atomic_load (&c->hits[i]), i < n ? 1 : 0, "threads %d run %d: row %zu", threads,
+                              run, i);
+            for (size_t i = 0; i < n; i++)
+                cr_assert (c->who[i] >= w0 && c->who[i] < w0 + threads, "the pool's own scratch");
+            cr_assert_eq (c->overlap, 0, "one call at a time per scratch");
+            if (threads == 1)
+                for (size_t i = 0; i < n; i++) cr_assert_eq (c->who[i], w0, "1 thread: the caller's");
+            free (c);
+        }
+        rx_sample_pool_destroy (&p);
+        cr_assert_null (p);
+    }
+    rx_sample_pool_destroy (NULL);
+    cr_assert_null (rx_sample_pool_new (-1, 100, &err));
+    cr_assert (strstr (err.msg, "sampling threads") && !strchr (err.msg, '\n'), "%s", err.msg);
+    cr_assert_null (rx_sample_pool_new (65, 100, &err));
+    cr_assert_null (rx_sample_pool_new (2, 0, &err));
+    cr_assert (strstr (err.msg, "vocabulary"), "%s", err.msg);
+    rx_sample_pool_t *a = rx_sample_pool_new (0, 100, &err);
+    cr_assert_not_null (a, "%s", err.msg);
+    cr_assert_geq (rx_sample_pool_threads (a), 1, "auto");
+    cr_assert_leq (rx_sample_pool_threads (a), 8);
+    rx_sample_pool_destroy (&a);
 }

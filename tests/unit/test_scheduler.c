@@ -1286,3 +1286,65 @@ Test (scheduler, dfs_weight_visits_heavier_subtrees_first)
         cr_assert_lt (it[want[k]].priority, it[want[k + 1]].priority, "position %d", k);
     rx_boot_close (&b);
 }
+
+/* [scheduler] sampling_threads: a step's host-sampled rows are drawn on
+ * several threads (core/sample_pool.h).  A mixed workload -- seeded
+ * temperature / top_p / min_p / top_k, penalties, min_tokens bans, n = 3
+ * siblings, greedy rows beside them -- gives every request the very same
+ * tokens with 3 threads as with 1 (each row depends only on its request,
+ * generator state included); the pool reports its thread count. */
+static int s_mix_i;
+static void s_tw_mix (struct rx_request *r)
+{
+    const int i = s_mix_i;
+    r->sp.has_seed = 1;
+    r->sp.seed = 1000 + (uint64_t) i;
+    switch (i % 6) {
+    case 0: r->sp.temperature = 0; break;   /* greedy: the device argmax */
+    case 1: r->sp.temperature = 0.8f; r->sp.top_p = 0.9f; break;
+    case 2: r->sp.temperature = 1.2f; r->sp.min_p = 0.05f; r->sp.frequency_penalty = 0.5f; break;
+    case 3: r->sp.temperature = 0.7f; r->sp.top_k = 20; r->sp.presence_penalty = 0.3f; break;
+    case 4: r->sp.temperature = 1.0f; r->sp.n = 3; break;
+    case 5: r->sp.temperature = 0.9f; r->sp.repetition_penalty = 1.3f; r->sp.min_tokens = 4; break;
+    }
+}
+
+Test (scheduler, sampling_threads_draw_the_same_tokens)
+{
+    struct env e;
+    s_env_open (&e);
+    s_lcg = 4242;
+    enum { NQ = 12, NP = 9, NG = 14 };
+    int32_t p[NQ][NP];
+    for (int i = 0; i < NQ; i++) {
+        p[i][0] = 1;
+        for (int j = 1; j < NP; j++) p[i][j] = s_rand_tok ();
+    }
+    struct run *run[2];
+    for (int inst = 0; inst < 2; inst++) {
+        struct rx_sched_opts o = s_opts (&e, "fcfs");
+        o.sampling_threads = inst ? 3 : 1;
+        rx_sched_t *s = s_sched (&e, &o);
+        run[inst] = calloc (1, sizeof *run[inst]);
+        for (int i = 0; i < NQ; i++) {
+            s_mix_i = i;
+            s_submit (s, 100 + (uint64_t) i, p[i], NP, NG, s_tw_mix);
+        }
+        s_drain (s, run[inst], 400);
+        rx_sched_destroy (&s);
+    }
+    int sampled = 0;
+    for (int i = 0; i < NQ; i++)
+        for (uint32_t k = 0; k < (i % 6 == 4 ? 3u : 1u); k++) {
+            struct res *a = s_res (run[0], 100 + (uint64_t) i, k), *b = s_res (run[1], 100 + (uint64_t) i, k);
+            cr_assert_eq (a->n, NG, "request %d.%u ran to max_tokens", i, k);
+            cr_assert_eq (b->n, a->n);
+            cr_assert_arr_eq (a->ids, b->ids, sizeof a->ids[0] * (size_t) a->n,
+                              "request %d.%u: the same tokens with 3 sampling threads", i, k);
+            sampled += i % 6 != 0;
+        }
+    cr_assert_geq (sampled, 10, "most rows were sampled on the host");
+    free (run[0]);
+    free (run[1]);
+    s_env_close (&e);
+}
