@@ -13,6 +13,8 @@
 #   4. models:    tests/unit/test_models_ref with [kernels] backend = cuda
 #                 (RX_MODELS_REF_INI): the ../shared/data/models references,
 #                 logits within the README tolerances, same greedy tokens;
+#                 a set that fails runs again without the fused projections
+#                 and on an ABI 1.0 view of the backend, to bisect;
 #   5. ranks:     radixd with conf/radixd-dp-attention.ini (DP attention +
 #                 expert parallelism, 2 ranks on the one GPU) on CUDA: its
 #                 greedy completions must equal the CPU backend's;
@@ -148,6 +150,19 @@ for k in $SETS; do
     row "models-ref $k" ok "$(grep -o 'Tested: [0-9]* | Passing: [0-9]*' "$OUT/models_ref-$k.log" | tail -1)"
   else
     row "models-ref $k" FAIL "$(grep -o 'Tested: .*' "$OUT/models_ref-$k.log" | tail -1) (models_ref-$k.log)"
+    # Bisect in the same run (device time is scarce): without the fused
+    # projections, then without the ops appended after ABI 1.0 (moe_route,
+    # the MoE expert pass, batched MLA heads: the models' host fallbacks).
+    for v in "fuse:RADIX_LLAMA_FUSE=0" "abi:RX_BISECT_ABI=1"; do
+      f=$(ini $k)
+      case $v in abi:*) sed -i 's/^backend = cuda$/backend = cuda\nops_abi = 1.0/' "$f" ;; esac
+      if env ${v#*:} RX_MODELS_REF_INI="$f" timeout 300 "$B/tests/unit/test_models_ref" --jobs=4 \
+           > "$OUT/models_ref-$k-no${v%%:*}.log" 2>&1; then
+        row "models-ref $k no-${v%%:*}" info "passes: the failure is in what that turns off"
+      else
+        row "models-ref $k no-${v%%:*}" info "still fails (models_ref-$k-no${v%%:*}.log)"
+      fi
+    done
   fi
 done
 
