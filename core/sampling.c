@@ -279,6 +279,78 @@ int32_t rx_sampler_sample_with (rx_sampler_t *s, const struct rx_sampling *p, ui
     return s->idx[keep - 1];
 }
 
+/* ---- drawing from a device's candidates (see sampling.h) ------------------ */
+
+int32_t rx_sampler_sample_cands (const struct rx_sampling *p, uint64_t *state, const float *probs,
+                                 const int32_t *ids, int32_t k, int32_t n_vocab)
+{
+    const double u = s_uniform (state);
+    if (p->temperature <= 0 || p->top_k == 1 || k < 1 || k > n_vocab) return RX_CANDS_FULL;
+    /* n: the candidates with mass (descending, so zeros come last).  What
+     * the device handed back must be a descending run of probabilities
+     * with ids in range; anything else (a NaN row) goes to the host. */
+    int32_t n = 0;
+    for (int32_t i = 0; i < k; i++) {
+        const float v = probs[i];
+        if (!(v >= 0 && v <= 1.001f) || (i > 0 && v > probs[i - 1]) || ids[i] < 0 || ids[i] >= n_vocab)
+            return RX_CANDS_FULL;
+        if (v > 0) n = i + 1;
+    }
+    if (n == 0) return RX_CANDS_FULL;
+    /* Every token with mass is a candidate: the whole row is here. */
+    const int whole = n < k || k == n_vocab;
+    const int32_t tk = p->top_k > 0 && p->top_k < n_vocab ? p->top_k : 0;
+    int32_t keep = n;
+    if (tk) {
+        if (tk > k) return RX_CANDS_FULL;
+        if (tk < keep) keep = tk;
+        if (p->top_p < 1) {   /* over the top_k: their own softmax */
+            double tot = 0, acc = 0;
+            for (int32_t i = 0; i < keep; i++) tot += probs[i];
+            for (int32_t i = 0; i < keep; i++) {
+                acc += probs[i] / tot;
+                if (acc >= p->top_p) {
+                    keep = i + 1;
+                    break;
+                }
+            }
+        }
+    } else if (p->top_p < 1) {   /* over the row: its probabilities sum to 1 */
+        double acc = 0;
+        int32_t cut = 0;
+        for (int32_t i = 0; i < n && !cut; i++) {
+            acc += probs[i];
+            if (acc >= p->top_p) cut = i + 1;
+        }
+        if (!cut && !whole) return RX_CANDS_FULL;
+        keep = cut ? cut : n;   /* whole: short of top_p by rounding only */
+    }
+    if (p->min_p > 0) {
+        int32_t j = 1;
+        while (j < keep && probs[j] >= p->min_p * probs[0]) j++;
+        /* Every candidate passed and nothing else cut: the cut may lie
+         * past the candidates. */
+        if (j == keep && !tk && p->top_p >= 1 && !whole) return RX_CANDS_FULL;
+        keep = j;
+    }
+    double tot = 0, acc = 0;
+    if (!tk && p->top_p >= 1 && p->min_p <= 0 && !whole) {
+        /* Plain sampling: the row's mass is 1, the candidates hold part. */
+        for (int32_t i = 0; i < keep; i++) {
+            acc += probs[i];
+            if (u < acc) return ids[i];
+        }
+        return RX_CANDS_TAIL;
+    }
+    for (int32_t i = 0; i < keep; i++) tot += probs[i];
+    const double r = u * tot;
+    for (int32_t i = 0; i < keep; i++) {
+        acc += probs[i];
+        if (r < acc) return ids[i];
+    }
+    return ids[keep - 1];
+}
+
 /* ---- penalties, logit masks, log probabilities ---------------------------- */
 
 void rx_penalties_apply (float *logits, int32_t n_vocab, const struct rx_penalties *pen,

@@ -52,6 +52,38 @@ int32_t rx_sampler_sample (rx_sampler_t *s, const float *logits);
 int32_t rx_sampler_sample_with (rx_sampler_t *s, const struct rx_sampling *p, uint64_t *state,
                                 const float *logits);
 
+/* Drawing from a row's candidates instead of its whole row: a device
+ * backend's scheduler has the device compute probs = softmax(logits / T)
+ * over the whole vocabulary and copy back only its k largest, best first
+ * (the lower id first on ties) -- k probabilities and ids instead of
+ * n_vocab logits, and no host pass over the row ([scheduler]
+ * device_sampling, docs/config.md).  rx_sampler_sample_cands draws p's
+ * token from them when the cut p asks for falls inside the candidates:
+ *
+ *   top_k in 2..k           the first top_k candidates, then top_p and min_p
+ *                           over them, as rx_sampler_sample_with;
+ *   no top_k, top_p < 1     when the candidates reach top_p of the row's
+ *                           mass (probs sum to 1 over the row);
+ *   no top_k, min_p only    when the k-th candidate is below min_p times
+ *                           the best;
+ *   plain sampling          when the uniform draw lands in the candidates'
+ *                           mass.
+ *
+ * Candidates are walked best first, where rx_sampler_sample_with walks
+ * plain sampling in id order: the same distribution, but a seed does not
+ * draw the same tokens as the host path.  Otherwise it returns
+ * RX_CANDS_FULL (sample the whole row with rx_sampler_sample_with: a cut
+ * beyond the candidates, top_k > k, non-finite candidates) or
+ * RX_CANDS_TAIL (plain sampling whose draw fell past the candidates: draw
+ * again from the row with the k candidate ids banned -- the tail's
+ * distribution, so the token keeps its probability).  Either way one
+ * uniform was taken from *state first.  Greedy parameters give
+ * RX_CANDS_FULL (the caller takes the argmax).  k <= n_vocab. */
+#define RX_CANDS_FULL (-1)
+#define RX_CANDS_TAIL (-2)
+int32_t rx_sampler_sample_cands (const struct rx_sampling *p, uint64_t *state, const float *probs,
+                                 const int32_t *ids, int32_t k, int32_t n_vocab);
+
 /* Penalties on a row of raw logits, before temperature (OpenAI / vLLM
  * semantics): for every token of the output so far, logit -= frequency *
  * count + presence; for every distinct token of the prompt or the output,

@@ -1,6 +1,7 @@
 /* tests/unit/test_sampling.c -- core/sampling: greedy, temperature, top-k,
- * top-p, min-p, seeds, bad parameters, and the radix sort of top-p / min-p
- * against the qsort reference it replaced. */
+ * top-p, min-p, seeds, bad parameters, the radix sort of top-p / min-p
+ * against the qsort reference it replaced, and drawing from a device's
+ * candidates (rx_sampler_sample_cands) against the host sampler. */
 #include <criterion/criterion.h>
 #include <stdatomic.h>
 #include <float.h>
@@ -407,4 +408,389 @@ Test (sample_pool, every_row_once_on_the_pools_own_scratch)
     cr_assert_geq (rx_sample_pool_threads (a), 1, "auto");
     cr_assert_leq (rx_sample_pool_threads (a), 8);
     rx_sample_pool_destroy (&a);
+}
+
+/* ---- rx_sampler_sample_cands: drawing from a device's candidates ----------
+ * The candidates are built here as a device would: probs = softmax(L / T)
+ * in float over the whole row, sorted descending (the lower id first on
+ * ties), the first k kept.  Where a cut falls inside the candidates the
+ * token must be the host sampler's (rx_sampler_sample_with on the raw row,
+ * same starting state); where it falls past them, RX_CANDS_FULL; plain
+ * sampling must follow softmax(L / T) once RX_CANDS_TAIL is completed as the
+ * scheduler does (candidate ids banned, the host sampler on the rest). */
+
+/* The rows' own generator (an LCG), independent of the samplers'. */
+static uint64_t s_cl = 1;
+static uint32_t s_crand (void)
+{
+    s_cl = s_cl * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t) (s_cl >> 33);
+}
+static double s_cunif (void) { return (s_crand () + 0.5) / 2147483648.0; }
+
+/* A row of v logits: Gaussian-ish (sum of 4 uniforms, spread sd), every
+ * 7th value rounded to a multiple of 0.25 (ties), ids 3, 11 and 12 equal,
+ * and -inf at ids 5 and 17 (when v > 17). */
+static void s_crow (float *x, int32_t v, double sd)
+{
+    for (int32_t i = 0; i < v; i++) {
+        double g = (s_cunif () + s_cunif () + s_cunif () + s_cunif () - 2.0) * 1.7320508;
+        x[i] = (float) (sd * g);
+        if (i % 7 == 0) x[i] = roundf (x[i] * 4) / 4;
+    }
+    if (v > 17) {
+        x[11] = x[12] = x[3];
+        x[5] = x[17] = -INFINITY;
+    }
+}
+
+static float *s_sort_probs;
+static int s_cmp_cand (const void *a, const void *b)
+{
+    const int32_t i = *(const int32_t *) a, j = *(const int32_t *) b;
+    const float x = s_sort_probs[i], y = s_sort_probs[j];
+    if (x != y) return x > y ? -1 : 1;
+    return (i > j) - (i < j);
+}
+
+/* The device's candidates of row x: probs = softmax(x / t) in float, the k
+ * largest, best first, the lower id first on ties. */
+static void s_cands (const float *x, int32_t v, float t, int32_t k, float *probs, int32_t *ids)
+{
+    float *p = malloc ((size_t) v * sizeof *p);
+    int32_t *o = malloc ((size_t) v * sizeof *o);
+    cr_assert (p && o);
+    const float inv_t = 1.0f / t;
+    float mx = -INFINITY;
+    for (int32_t i = 0; i < v; i++)
+        if (x[i] * inv_t > mx) mx = x[i] * inv_t;
+    float sum = 0;
+    for (int32_t i = 0; i < v; i++) {
+        p[i] = expf (x[i] * inv_t - mx);
+        sum += p[i];
+    }
+    for (int32_t i = 0; i < v; i++) {
+        p[i] /= sum;
+        o[i] = i;
+    }
+    s_sort_probs = p;
+    qsort (o, (size_t) v, sizeof *o, s_cmp_cand);
+    for (int32_t i = 0; i < k; i++) {
+        probs[i] = p[o[i]];
+        ids[i] = o[i];
+    }
+    free (p);
+    free (o);
+}
+
+static struct rx_sampling s_sp (float t, int32_t k, float p, float minp)
+{
+    struct rx_sampling sp;
+    rx_sampling_defaults (&sp);
+    sp.temperature = t;
+    sp.top_k = k;
+    sp.top_p = p;
+    sp.min_p = minp;
+    return sp;
+}
+
+/* For `states` starting states: the candidates' token equals the host
+ * sampler's on the raw row, and both leave the generator in the same
+ * state.  Returns how many draws came from the candidates (the rest:
+ * RX_CANDS_FULL, allowed only when full_ok). */
+static int s_same_as_host (const float *x, int32_t v, const struct rx_sampling *sp, int32_t k,
+                           int states, int full_ok, const char *what)
+{
+    float *probs = malloc ((size_t) k * sizeof *probs);
+    int32_t *ids = malloc ((size_t) k * sizeof *ids);
+    cr_assert (probs && ids);
+    s_cands (x, v, sp->temperature, k, probs, ids);
+    rx_sampler_t *s = s_new (1, 0, 1, 0, 0, v);
+    int from_cands = 0;
+    for (int i = 0; i < states; i++) {
+        uint64_t st = 0x9e3779b97f4a7c15ull * (uint64_t) (i + 1) ^ 0x1234567ull, st_host = st;
+        const int32_t got = rx_sampler_sample_cands (sp, &st, probs, ids, k, v);
+        const int32_t want = rx_sampler_sample_with (s, sp, &st_host, x);
+        cr_assert_eq (st, st_host, "%s: state %d: one uniform each", what, i);
+        if (got == RX_CANDS_FULL && full_ok) continue;
+        cr_assert_eq (got, want,
+                      "%s: state %d (T %g top_k %d top_p %g min_p %g, k %d): candidates %d, host %d",
+                      what, i, (double) sp->temperature, sp->top_k, (double) sp->top_p,
+                      (double) sp->min_p, k, got, want);
+        from_cands++;
+    }
+    rx_sampler_destroy (&s);
+    free (probs);
+    free (ids);
+    return from_cands;
+}
+
+Test (sampling_cands, top_k_within_the_candidates_draws_the_host_samplers_token)
+{
+    static const int32_t vocab[] = { 200, 1000 };
+    static const float temps[] = { 0.5f, 0.8f, 1.0f, 1.3f };
+    static const float top_ps[] = { 1.0f, 0.9f, 0.5f, 0.75f };
+    static const float min_ps[] = { 0.0f, 0.05f, 0.2f };
+    float *x = malloc (1000 * sizeof *x);
+    int combos = 0;
+    s_cl = 7;
+    for (int vi = 0; vi < 2; vi++) {
+        const int32_t v = vocab[vi];
+        for (int row = 0; row < 4; row++) {
+            s_crow (x, v, 1.0 + row);
+            const int32_t k = row % 2 ? 64 : 16;
+            for (int c = 0; c < 6; c++) {
+                /* top_k 2, k itself, and values between */
+                const int32_t tk = c == 0 ? 2 : c == 1 ? k : 2 + (int32_t) (s_crand () % (uint32_t) (k - 1));
+                struct rx_sampling sp = s_sp (temps[(row + c) % 4], tk, top_ps[c % 4], min_ps[(c + row) % 3]);
+                char what[64];
+                snprintf (what, sizeof what, "vocab %d row %d combo %d", v, row, c);
+                cr_assert_eq (s_same_as_host (x, v, &sp, k, 500, 0, what), 500);
+                combos++;
+            }
+        }
+    }
+    cr_assert_eq (combos, 48);
+    free (x);
+}
+
+/* A peaked row: 6 tokens far above a flat rest, so the nucleus and the
+ * min_p cut lie inside any k >= 8.  A flat row: every logit within 1 of
+ * the others, so 64 of 1000 candidates hold < 64 * e / 1000 < 18% of the
+ * mass and all pass a min_p of 0.05 (ratio >= 1/e). */
+static void s_peaked (float *x, int32_t v)
+{
+    s_crow (x, v, 1.0);
+    for (int i = 0; i < 6; i++) x[40 + 13 * i] = 9.0f - 0.5f * (float) i;
+    x[40 + 13 * 2] = x[40 + 13 * 1];   /* a tie inside the nucleus */
+}
+static void s_flat (float *x, int32_t v)
+{
+    for (int32_t i = 0; i < v; i++) x[i] = (float) s_cunif ();
+    x[9] = x[10];
+}
+
+Test (sampling_cands, top_p_and_min_p_inside_the_candidates_or_the_whole_row)
+{
+    const int32_t v = 1000, k = 64;
+    float *x = malloc ((size_t) v * sizeof *x);
+    s_cl = 11;
+    s_peaked (x, v);
+    struct rx_sampling sp = s_sp (1.0f, 0, 0.9f, 0);
+    cr_assert_eq (s_same_as_host (x, v, &sp, k, 500, 0, "peaked top_p 0.9"), 500);
+    sp = s_sp (0.7f, 0, 0.95f, 0);
+    cr_assert_eq (s_same_as_host (x, v, &sp, k, 500, 0, "peaked T 0.7 top_p 0.95"), 500);
+    sp = s_sp (1.0f, 0, 1, 0.1f);
+    cr_assert_eq (s_same_as_host (x, v, &sp, k, 500, 0, "peaked min_p 0.1"), 500);
+    sp = s_sp (1.2f, 0, 0.8f, 0.3f);
+    cr_assert_eq (s_same_as_host (x, v, &sp, k, 500, 0, "peaked top_p 0.8 min_p 0.3"), 500);
+    /* the same peaked row, candidates too few for the nucleus: k 4 holds
+     * < 0.9 of the mass (6 tokens share it) */
+    sp = s_sp (1.0f, 0, 0.99f, 0);
+    cr_assert_eq (s_same_as_host (x, v, &sp, 4, 200, 1, "peaked top_p 0.99 k 4"), 0);
+
+    s_flat (x, v);
+    float probs[64];
+    int32_t ids[64];
+    static const float tps[] = { 0.5f, 0.9f, 0.3f };
+    for (int c = 0; c < 4; c++) {
+        sp = c < 3 ? s_sp (1.0f, 0, tps[c], 0) : s_sp (1.0f, 0, 1, 0.05f);
+        s_cands (x, v, sp.temperature, k, probs, ids);
+        for (uint64_t i = 0; i < 300; i++) {
+            uint64_t st = i * 977;
+            cr_assert_eq (rx_sampler_sample_cands (&sp, &st, probs, ids, k, v), RX_CANDS_FULL,
+                          "flat row, case %d, state %llu: the cut lies past the candidates", c,
+                          (unsigned long long) i);
+        }
+    }
+    /* top_k > k: the whole row, whatever the row */
+    s_peaked (x, v);
+    for (int c = 0; c < 2; c++) {
+        sp = s_sp (1.0f, k + 1 + 100 * c, c ? 0.9f : 1.0f, 0);
+        s_cands (x, v, sp.temperature, k, probs, ids);
+        for (uint64_t i = 0; i < 100; i++) {
+            uint64_t st = i;
+            cr_assert_eq (rx_sampler_sample_cands (&sp, &st, probs, ids, k, v), RX_CANDS_FULL,
+                          "top_k %d > k %d", sp.top_k, k);
+        }
+    }
+    free (x);
+}
+
+/* Plain sampling the way the scheduler completes it; hist[v] counts the
+ * tokens, returns how many draws fell past the candidates. */
+static long s_plain_hist (const float *x, int32_t v, float t, int32_t k, long n, uint64_t seed, long *hist)
+{
+    float *probs = malloc ((size_t) k * sizeof *probs), *row = malloc ((size_t) v * sizeof *row);
+    int32_t *ids = malloc ((size_t) k * sizeof *ids);
+    cr_assert (probs && row && ids);
+    s_cands (x, v, t, k, probs, ids);
+    struct rx_sampling sp = s_sp (t, 0, 1, 0);
+    rx_sampler_t *s = s_new (1, 0, 1, 0, 0, v);
+    memset (hist, 0, (size_t) v * sizeof *hist);
+    uint64_t st = seed;
+    long tail = 0;
+    for (long i = 0; i < n; i++) {
+        int32_t tok = rx_sampler_sample_cands (&sp, &st, probs, ids, k, v);
+        cr_assert (tok >= 0 || tok == RX_CANDS_TAIL, "draw %ld: %d", i, tok);
+        if (tok == RX_CANDS_TAIL) {
+            tail++;
+            memcpy (row, x, (size_t) v * sizeof *row);
+            rx_logits_ban (row, v, ids, (size_t) k);
+            tok = rx_sampler_sample_with (s, &sp, &st, row);
+        }
+        cr_assert (tok >= 0 && tok < v, "draw %ld: %d", i, tok);
+        hist[tok]++;
+    }
+    rx_sampler_destroy (&s);
+    free (probs);
+    free (row);
+    free (ids);
+    return tail;
+}
+
+/* softmax(x / t) in double */
+static void s_softmax_d (const float *x, int32_t v, float t, double *p)
+{
+    double mx = -INFINITY, sum = 0;
+    for (int32_t i = 0; i < v; i++)
+        if (x[i] > mx) mx = x[i];
+    for (int32_t i = 0; i < v; i++) sum += p[i] = exp (((double) x[i] - mx) / t);
+    for (int32_t i = 0; i < v; i++) p[i] /= sum;
+}
+
+/* Every token's frequency within 5 sd of its probability (and a token of
+ * probability 0 never drawn), and Pearson's chi-square over the tokens with
+ * mass below a bound (dof ~ 48: mean 48, sd ~ 9.8; 110 is > 6 sd, while
+ * moving 1% of the mass from the tail onto the candidates gives ~400). */
+static void s_check_dist (const long *hist, const double *p, int32_t v, long n, const char *what)
+{
+    double chi = 0;
+    int cells = 0;
+    for (int32_t i = 0; i < v; i++) {
+        if (p[i] == 0) {
+            cr_assert_eq (hist[i], 0, "%s: token %d has no mass, drawn %ld times", what, i, hist[i]);
+            continue;
+        }
+        const double e = p[i] * (double) n, sd = sqrt (e * (1 - p[i]));
+        cr_assert (fabs ((double) hist[i] - e) < 5 * sd + 1, "%s: token %d drawn %ld times, expected %.1f (sd %.1f)",
+                   what, i, hist[i], e, sd);
+        chi += ((double) hist[i] - e) * ((double) hist[i] - e) / e;
+        cells++;
+    }
+    cr_assert (chi < 110 * (cells - 1) / 48.0, "%s: chi-square %.1f over %d tokens", what, chi, cells);
+    cr_log_info ("%s: chi-square %.1f over %d tokens", what, chi, cells);
+}
+
+Test (sampling_cands, plain_sampling_follows_the_softmax_tail_included, .timeout = 300)
+{
+    enum { V = 50, K = 8 };
+    const long n = 200000;
+    float x[V];
+    double p[V];
+    long hist[V];
+    s_cl = 3;
+    s_crow (x, V, 1.0);   /* ties (ids 3, 11, 12; multiples of 0.25), -inf at 5 and 17 */
+    static const float temps[] = { 1.0f, 0.7f };
+    for (int ti = 0; ti < 2; ti++) {
+        const float t = temps[ti];
+        s_softmax_d (x, V, t, p);
+        float probs[K];
+        int32_t ids[K];
+        s_cands (x, V, t, K, probs, ids);
+        double cmass = 0;
+        for (int i = 0; i < K; i++) cmass += p[ids[i]];
+        cr_assert (cmass > 0.2 && cmass < 0.9, "T %g: the candidates hold %.3f: a tail to test", (double) t, cmass);
+        const long tail = s_plain_hist (x, V, t, K, n, 1000 + (uint64_t) ti, hist);
+        char what[32];
+        snprintf (what, sizeof what, "T %g k %d", (double) t, K);
+        s_check_dist (hist, p, V, n, what);
+        /* the tail rate is the tail's mass */
+        const double q = 1 - cmass, sd = sqrt (q * (1 - q) * (double) n);
+        cr_assert (fabs ((double) tail - q * (double) n) < 5 * sd, "%s: %ld tail draws, expected %.0f", what, tail,
+                   q * (double) n);
+    }
+}
+
+Test (sampling_cands, no_tail_when_the_candidates_hold_every_token_with_mass)
+{
+    enum { V = 50 };
+    float x[V];
+    double p[V];
+    long hist[V];
+    s_cl = 5;
+    s_crow (x, V, 1.0);
+    /* k == n_vocab: the whole row */
+    long tail = s_plain_hist (x, V, 0.9f, V, 50000, 77, hist);
+    cr_assert_eq (tail, 0, "k == n_vocab: %ld tail draws", tail);
+    s_softmax_d (x, V, 0.9f, p);
+    s_check_dist (hist, p, V, 50000, "k == n_vocab");
+    /* 6 finite logits, k 8: the last two candidates have probability 0 */
+    for (int32_t i = 0; i < V; i++)
+        if (i % 9) x[i] = -INFINITY;
+    tail = s_plain_hist (x, V, 1.0f, 8, 50000, 78, hist);
+    cr_assert_eq (tail, 0, "6 tokens with mass, k 8: %ld tail draws", tail);
+    s_softmax_d (x, V, 1.0f, p);
+    s_check_dist (hist, p, V, 50000, "6 tokens with mass");
+    /* and a top_p / min_p cut needs no more than them either */
+    float probs[8];
+    int32_t ids[8];
+    s_cands (x, V, 1.0f, 8, probs, ids);
+    cr_assert_eq (probs[6], 0.0f);
+    struct rx_sampling sp = s_sp (1.0f, 0, 0.999f, 0);
+    cr_assert_eq (s_same_as_host (x, V, &sp, 8, 300, 0, "6 tokens, top_p 0.999"), 300);
+    sp = s_sp (1.0f, 0, 1, 1e-6f);
+    cr_assert_eq (s_same_as_host (x, V, &sp, 8, 300, 0, "6 tokens, min_p 1e-6"), 300);
+}
+
+Test (sampling_cands, bad_candidates_and_greedy_parameters_go_to_the_whole_row)
+{
+    enum { V = 100, K = 8 };
+    float x[V], probs[K], bad[K];
+    int32_t ids[K], bids[K];
+    s_cl = 9;
+    s_crow (x, V, 1.0);
+    s_cands (x, V, 1.0f, K, probs, ids);
+    const struct rx_sampling plain = s_sp (1.0f, 0, 1, 0), topk = s_sp (1.0f, 4, 1, 0),
+                             topp = s_sp (1.0f, 0, 0.01f, 0);
+    const struct rx_sampling *ps[] = { &plain, &topk, &topp };
+    /* the good candidates draw a token (top_p 0.01: the first candidate) */
+    for (int j = 0; j < 3; j++) {
+        uint64_t st = 42;
+        int32_t t = rx_sampler_sample_cands (ps[j], &st, probs, ids, K, V);
+        cr_assert (t >= 0 || (j == 0 && t == RX_CANDS_TAIL), "params %d: %d", j, t);
+    }
+    for (int c = 0; c < 8; c++) {
+        memcpy (bad, probs, sizeof bad);
+        memcpy (bids, ids, sizeof bids);
+        int32_t k = K;
+        switch (c) {
+        case 0: bad[0] = NAN; break;
+        case 1: bad[3] = NAN; break;
+        case 2: bad[4] = bad[2] * 1.5f; break;               /* increasing */
+        case 3: bids[5] = V; break;                          /* id out of range */
+        case 4: bids[0] = -1; break;
+        case 5: memset (bad, 0, sizeof bad); break;          /* all zero */
+        case 6: bad[1] = -0.25f; bad[2] = bad[3] = bad[4] = bad[5] = bad[6] = bad[7] = -0.5f; break;
+        case 7: k = V + 1; break;                            /* more candidates than tokens */
+        }
+        for (int j = 0; j < 3; j++)
+            for (uint64_t i = 0; i < 50; i++) {
+                uint64_t st = i;
+                cr_assert_eq (rx_sampler_sample_cands (ps[j], &st, bad, bids, k, V), RX_CANDS_FULL,
+                              "bad case %d, params %d, state %llu", c, j, (unsigned long long) i);
+            }
+    }
+    /* greedy parameters: the caller takes the argmax */
+    const struct rx_sampling g0 = s_sp (0, 0, 1, 0), g1 = s_sp (0.8f, 1, 1, 0), gneg = s_sp (-1, 5, 0.9f, 0);
+    rx_sampler_t *s = s_new (1, 0, 1, 0, 0, 1);   /* a 1-token vocabulary: one uniform a draw */
+    const float one = 0;
+    const struct rx_sampling *gs[] = { &g0, &g1, &gneg };
+    for (int j = 0; j < 3; j++) {
+        uint64_t st = 5, st_one = 5;
+        cr_assert_eq (rx_sampler_sample_cands (gs[j], &st, probs, ids, K, V), RX_CANDS_FULL, "greedy %d", j);
+        cr_assert_eq (rx_sampler_sample_with (s, &plain, &st_one, &one), 0);
+        cr_assert_eq (st, st_one, "greedy %d: one uniform taken all the same", j);
+    }
+    rx_sampler_destroy (&s);
 }
