@@ -267,6 +267,9 @@ static void s_aggregate (const struct rx_ipc_stats *const *v, int n, uint64_t co
         out->cache_tokens += s->cache_tokens;
         out->finished += s->finished;
         out->retractions += s->retractions;
+        out->cand_rows += s->cand_rows;
+        out->cand_full += s->cand_full;
+        out->cand_tail += s->cand_tail;
         out->max_running_requests += s->max_running_requests;
         ntr += s->new_token_ratio;
     }

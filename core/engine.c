@@ -61,6 +61,12 @@ struct rx_engine {
     float *d_logits;              /* device [cap_out][n_vocab] */
     int32_t *d_ids;               /* device [cap_out]: argmax of each output row */
     int32_t cap_out;
+    /* device sampling's candidates (rx_engine_forward_sample): */
+    float *d_cand;                /* device [cap_cand][n_vocab]: softmax(logits / T) */
+    float *d_cvals;               /* device [cap_cand][k_cand] */
+    int32_t *d_cidx;
+    int32_t cap_cand, k_cand;
+    uint64_t kcaps;               /* the backend's RX_KCAP_* */
     rx_eplb_rt_t *eplb;           /* MoE models: recording and placement (core/expert_record.h) */
 };
 
@@ -558,6 +564,7 @@ rx_engine_t *rx_engine_new (struct rx_boot *b, const struct rx_engine_opts *o, s
     }
     struct rx_kernels_info ki = { .struct_size = sizeof ki };
     e->K->info (e->be, &ki);
+    e->kcaps = ki.caps;
 
     /* The tensor-parallel group: joined before the model, which reduces
      * through it. */
@@ -715,6 +722,8 @@ fail:
     return NULL;
 }
 
+static void s_cands_free (rx_engine_t *e);
+
 void rx_engine_destroy (rx_engine_t **self_p)
 {
     if (!self_p || !*self_p) return;
@@ -724,6 +733,7 @@ void rx_engine_destroy (rx_engine_t **self_p)
     rx_eplb_rt_free (&e->eplb);   /* after the model (it borrows the placement) */
     if (e->d_logits) e->K->free_ (e->be, e->d_logits);
     if (e->d_ids) e->K->free_ (e->be, e->d_ids);
+    s_cands_free (e);
     /* After the model (it reduces through the group), before the kernel
      * backend (the instance borrows it). */
     if (e->comm) e->C->destroy (e->comm);
@@ -927,8 +937,98 @@ static int s_logits_down (rx_engine_t *e, float *logits, int32_t n_out, const ui
     return RX_OK;
 }
 
+static void s_cands_free (rx_engine_t *e)
+{
+    if (e->d_cand) e->K->free_ (e->be, e->d_cand);
+    if (e->d_cvals) e->K->free_ (e->be, e->d_cvals);
+    if (e->d_cidx) e->K->free_ (e->be, e->d_cidx);
+    e->d_cand = e->d_cvals = NULL;
+    e->d_cidx = NULL;
+    e->cap_cand = e->k_cand = 0;
+}
+
+/* Scratch for n rows of k candidates (grow-only in rows). */
+static int s_cands_room (rx_engine_t *e, int32_t n, int32_t k, struct rx_err *err)
+{
+    if (n <= e->cap_cand && k == e->k_cand) return RX_OK;
+    if (e->d_cand) e->K->synchronize (e->be, NULL, NULL);
+    if (n < e->cap_cand) n = e->cap_cand;
+    s_cands_free (e);
+    const size_t V = (size_t) e->info.n_vocab;
+    void *d = NULL, *dv = NULL, *di = NULL;
+    int rc = e->K->alloc (e->be, (size_t) n * V * sizeof (float), 0, &d, err);
+    if (rc == RX_OK) rc = e->K->alloc (e->be, (size_t) n * (size_t) k * sizeof (float), 0, &dv, err);
+    if (rc == RX_OK) rc = e->K->alloc (e->be, (size_t) n * (size_t) k * sizeof (int32_t), 0, &di, err);
+    e->d_cand = d;
+    e->d_cvals = dv;
+    e->d_cidx = di;
+    if (rc != RX_OK) {
+        s_cands_free (e);
+        return rc;
+    }
+    e->cap_cand = n;
+    e->k_cand = k;
+    return RX_OK;
+}
+
+/* The candidates of c->inv_t's rows (see rx_engine_forward_sample): each
+ * row copied, softmax(row * inv_t) over the vocabulary (one call per run
+ * of adjacent rows at the same temperature), then the k largest of every
+ * candidate row in one topk, copied to the host (synchronized by the
+ * caller). */
+static int s_cands (rx_engine_t *e, int32_t n_out, const struct rx_engine_cands *c, struct rx_err *err)
+{
+    const size_t V = (size_t) e->info.n_vocab;
+    int32_t n = 0;
+    for (int32_t j = 0; j < n_out; j++) n += c->inv_t[j] > 0;
+    if (n == 0) return RX_OK;
+    const int32_t k = c->k < 1 ? 1 : (size_t) c->k > V ? (int32_t) V : c->k;
+    int rc = s_cands_room (e, n, k, err);
+    if (rc != RX_OK) return rc;
+    int32_t row = 0;
+    for (int32_t j = 0; j < n_out && rc == RX_OK;) {
+        if (!(c->inv_t[j] > 0)) {
+            j++;
+            continue;
+        }
+        int32_t m = j + 1;
+        while (m < n_out && c->inv_t[m] == c->inv_t[j]) m++;
+        float *dst = e->d_cand + (size_t) row * V;
+        rc = e->K->copy2d (e->be, NULL, e->d_logits + (size_t) j * V, V, dst, V, (size_t) (m - j), V, err);
+        if (rc == RX_OK) rc = e->K->softmax (e->be, NULL, dst, V, (size_t) (m - j), V, c->inv_t[j], err);
+        row += m - j;
+        j = m;
+    }
+    if (rc == RX_OK) rc = e->K->topk (e->be, NULL, e->d_cand, V, (size_t) n, V, (size_t) k, e->d_cvals, e->d_cidx, err);
+    if (rc == RX_OK) rc = e->K->copy_d2h (e->be, NULL, c->probs, e->d_cvals, (size_t) n * (size_t) k * sizeof (float), err);
+    if (rc == RX_OK) rc = e->K->copy_d2h (e->be, NULL, c->ids, e->d_cidx, (size_t) n * (size_t) k * sizeof (int32_t), err);
+    return rc;
+}
+
 int rx_engine_forward_ids (rx_engine_t *e, const struct rx_model_batch *b, float *logits,
                            const uint8_t *want, int32_t *ids, struct rx_err *err)
+{
+    return rx_engine_forward_sample (e, b, logits, want, ids, NULL, err);
+}
+
+int rx_engine_logits_rows (rx_engine_t *e, float *logits, int32_t n_out, const uint8_t *want,
+                           struct rx_err *err)
+{
+    if (n_out > e->cap_out || !logits)
+        return rx_err_set (err, RX_EINVAL, "engine: logits rows: %d rows, %d in the last step", n_out, e->cap_out);
+    int rc = s_logits_down (e, logits, n_out, want, err);
+    if (rc == RX_OK) rc = e->K->synchronize (e->be, NULL, err);
+    return rc;
+}
+
+int rx_engine_device_sampling (const rx_engine_t *e)
+{
+    return !(e->kcaps & RX_KCAP_HOST_VISIBLE);
+}
+
+int rx_engine_forward_sample (rx_engine_t *e, const struct rx_model_batch *b, float *logits,
+                              const uint8_t *want, int32_t *ids, const struct rx_engine_cands *cands,
+                              struct rx_err *err)
 {
     if (!b || b->struct_size < sizeof *b)
         return rx_err_set (err, RX_EINVAL, "engine: forward: NULL or short batch");
@@ -944,6 +1044,8 @@ int rx_engine_forward_ids (rx_engine_t *e, const struct rx_model_batch *b, float
     if (n_out > b->n_tokens)
         return rx_err_set (err, RX_EINVAL, "engine: forward: %d output rows for %d tokens", n_out,
                            b->n_tokens);
+    if (cands && (!cands->inv_t || !cands->probs || !cands->ids))
+        return rx_err_set (err, RX_EINVAL, "engine: forward: candidates without their arrays");
     if (n_out > e->cap_out) {
         if (e->d_logits || e->d_ids) {
             e->K->synchronize (e->be, NULL, NULL);
@@ -979,6 +1081,7 @@ int rx_engine_forward_ids (rx_engine_t *e, const struct rx_model_batch *b, float
         if (rc == RX_OK)
             rc = e->K->copy_d2h (e->be, NULL, ids, e->d_ids, (size_t) n_out * sizeof (int32_t), err);
     }
+    if (rc == RX_OK && n_out > 0 && cands) rc = s_cands (e, n_out, cands, err);
     if (rc == RX_OK && wanted) rc = s_logits_down (e, logits, n_out, want, err);
     if (rc == RX_OK) rc = e->K->synchronize (e->be, NULL, err);
     if (rc == RX_OK && ids)

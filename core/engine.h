@@ -198,6 +198,32 @@ int rx_engine_forward (rx_engine_t *e, const struct rx_model_batch *b, float *lo
  * transfer. */
 int rx_engine_forward_ids (rx_engine_t *e, const struct rx_model_batch *b, float *logits,
                            const uint8_t *want, int32_t *ids, struct rx_err *err);
+/* Device sampling (core/sampling.h rx_sampler_sample_cands): for output
+ * row j with inv_t[j] > 0, probs = softmax(logits * inv_t[j]) over the
+ * vocabulary on the device, and its k largest (descending, the lower id
+ * first on ties) copied to the host -- k * 8 bytes instead of n_vocab * 4,
+ * and no host pass over the row.  Candidate rows are packed in output-row
+ * order: the c-th row with inv_t > 0 has probs[c*k ..] and ids[c*k ..].
+ * k is clamped to 1 .. n_vocab. */
+struct rx_engine_cands {
+    int32_t      k;
+    const float *inv_t;     /* [n_out]: 1 / temperature, or 0: no candidates */
+    float       *probs;     /* host [rows with inv_t > 0][k] */
+    int32_t     *ids;
+};
+/* rx_engine_forward_ids, and the candidates of cands' rows (NULL: none). */
+int rx_engine_forward_sample (rx_engine_t *e, const struct rx_model_batch *b, float *logits,
+                              const uint8_t *want, int32_t *ids, const struct rx_engine_cands *cands,
+                              struct rx_err *err);
+/* After a forward: copy more of its output rows (want[j] nonzero) into
+ * logits [n_out][n_vocab] -- the rows whose candidates were not enough.
+ * Valid until the next forward. */
+int rx_engine_logits_rows (rx_engine_t *e, float *logits, int32_t n_out, const uint8_t *want,
+                           struct rx_err *err);
+/* Whether the backend's memory is the device's own (not RX_KCAP_HOST_VISIBLE):
+ * where [scheduler] device_sampling = auto samples from candidates. */
+int rx_engine_device_sampling (const rx_engine_t *e);
+
 /* rx_engine_step with the device argmax of each output row into ids
  * (rx_engine_n_out rows) instead of its logits: greedy decoding
  * (radix bench --greedy). */

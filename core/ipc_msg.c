@@ -359,6 +359,9 @@ static int s_write (struct s_w *w, const struct rx_ipc_msg *m, struct rx_err *er
         s_u32 (w, s->context_len);
         s_u32 (w, s->n_vocab);
         s_f32 (w, s->new_token_ratio);
+        s_u64 (w, s->cand_rows);
+        s_u64 (w, s->cand_full);
+        s_u64 (w, s->cand_tail);
         break;
     }
     case RX_IPC_SHUTDOWN:
@@ -837,9 +840,12 @@ int rx_ipc_decode (const void *buf, size_t n, struct rx_ipc_msg *m, struct rx_er
             || (rc = s_gu64 (&r, &s->retractions, "retractions")) < 0
             || (rc = s_gu32 (&r, &s->max_running_requests, "max_running_requests")) < 0
             || (rc = s_gu32 (&r, &s->context_len, "context_len")) < 0
-            || (rc = s_gu32 (&r, &s->n_vocab, "n_vocab")) < 0)
+            || (rc = s_gu32 (&r, &s->n_vocab, "n_vocab")) < 0
+            || (rc = s_gf32 (&r, &s->new_token_ratio, "new_token_ratio")) < 0
+            || (rc = s_gu64 (&r, &s->cand_rows, "cand_rows")) < 0
+            || (rc = s_gu64 (&r, &s->cand_full, "cand_full")) < 0)
             break;
-        rc = s_gf32 (&r, &s->new_token_ratio, "new_token_ratio");
+        rc = s_gu64 (&r, &s->cand_tail, "cand_tail");
         break;
     }
     case RX_IPC_SHUTDOWN:

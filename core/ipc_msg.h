@@ -40,7 +40,8 @@
  *                kv_total, steps, prompt_tokens, gen_tokens, f32 cache_hit_rate,
  *                prompt_tps, gen_tps, u64 cached_tokens, cache_tokens,
  *                finished, retractions, u32 max_running_requests,
- *                context_len, n_vocab, f32 new_token_ratio
+ *                context_len, n_vocab, f32 new_token_ratio, u64 cand_rows,
+ *                cand_full, cand_tail
  *   SHUTDOWN     u8 mode (enum rx_ipc_shutdown_mode), u32 deadline_ms
  *   REQ_ERROR    u64 rid, i32 status (enum rx_status, < 0), str message
  *   REQ_DONE     u32 count, count x u64 rid      (the layout of REQ_ABORT)
@@ -251,6 +252,8 @@ struct rx_ipc_stats {
     uint32_t context_len;        /* the context length it enforces (prompt + output) */
     uint32_t n_vocab;
     float    new_token_ratio;    /* the admission estimate now */
+    /* since v3: device sampling (struct rx_sched_stats), totals */
+    uint64_t cand_rows, cand_full, cand_tail;
 };
 
 /* A REQ_NEW the scheduler refused (main answers the client with it):

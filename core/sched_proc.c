@@ -149,6 +149,9 @@ static void s_send_stats (struct s_proc *p, uint64_t cookie)
     s->steps = st.steps;
     s->prompt_tokens = st.prompt_tokens;
     s->gen_tokens = st.gen_tokens;
+    s->cand_rows = st.cand_rows;
+    s->cand_full = st.cand_full;
+    s->cand_tail = st.cand_tail;
     s->cache_hit_rate = (float) st.cache_hit_rate;
     s->prompt_tps = (float) st.prompt_tps;
     s->gen_tps = (float) st.gen_tps;

@@ -41,6 +41,7 @@ struct s_group {
     struct rx_sampling samp;     /* sampler parameters (seed per sibling) */
     struct rx_penalties pen;
     int      plain_greedy;       /* greedy without penalties: argmax of the raw row */
+    int      plain_sample;       /* sampled without penalties: may draw from device candidates */
     int32_t  max_new;            /* effective max_tokens */
 };
 
@@ -94,6 +95,8 @@ struct rx_sched {
     rx_sample_pool_t *spool;     /* host sampling threads and their scratch */
     struct s_draw *draws;        /* [cap_draws] this step's host-sampled rows */
     size_t cap_draws;
+    int dev_sample;              /* draw plain sampled rows from device candidates */
+    int32_t k_cand;              /* candidates per row: sampling_candidates, at most n_vocab */
 
     struct s_list waiting, running, zombies, to_free;
     struct s_req *chunked;       /* mid-prompt request (holds a row and a lock) */
@@ -106,6 +109,12 @@ struct rx_sched {
     int32_t *b_tokens, *b_pos, *b_q, *b_kvs, *b_slots, *b_out;
     int32_t *b_ids;              /* [cap_seq] the device argmax of each output row */
     uint8_t *b_want;             /* [cap_seq] 1 = the row's logits are needed on the host */
+    float *b_invt;               /* [cap_seq] 1 / temperature of a candidate row, else 0 */
+    int32_t *b_crow;             /* [cap_seq] the row's candidate row, or -1 */
+    uint8_t *b_more;             /* [cap_seq] candidates not enough: fetch the row */
+    float *c_probs;              /* [cap_c] this step's candidates (rx_engine_cands) */
+    int32_t *c_ids;
+    size_t cap_c;
     size_t cap_tok, cap_seq, cap_slots;
     float *logits;
     size_t cap_logits;
@@ -123,6 +132,7 @@ struct rx_sched {
 
     /* stats */
     uint64_t st_prompt, st_cached, st_computed, st_gen, st_retract, st_finished;
+    uint64_t st_cand_rows, st_cand_full, st_cand_tail;
     uint64_t st_last_prompt, st_last_gen;
     double st_last_time;
 };
@@ -218,6 +228,9 @@ int rx_sched_opts_from_conf (const rx_conf_t *conf, struct rx_sched_opts *o, str
     /* DP attention admits more conservatively (struct rx_sched_opts). */
     o->min_reserve_ratio = rx_conf_bool (conf, "parallel", "dp_attention", 0) ? 1.0 : 0.0;
     o->sampling_threads = (int32_t) rx_conf_int (conf, "scheduler", "sampling_threads", 0);
+    const char *ds = rx_conf_str (conf, "scheduler", "device_sampling", "auto");
+    o->device_sampling = !strcmp (ds, "on") ? 1 : !strcmp (ds, "off") ? 0 : -1;
+    o->sampling_candidates = (int32_t) rx_conf_int (conf, "scheduler", "sampling_candidates", 64);
     (void) err;
     return RX_OK;
 }
@@ -260,6 +273,9 @@ static int s_check_opts (const struct rx_sched_opts *o, struct rx_err *err)
         return rx_err_set (err, RX_EINVAL,
                            "scheduler: [scheduler] new-token-ratio settings out of range "
                            "(conservativeness > 0, ratios >= 0, decay steps >= 1)");
+    if (o->device_sampling && (o->sampling_candidates < 1 || o->sampling_candidates > RX_SCHED_MAX_CANDIDATES))
+        return rx_err_set (err, RX_EINVAL, "scheduler: [scheduler] sampling_candidates %d must be in 1..%d",
+                           o->sampling_candidates, RX_SCHED_MAX_CANDIDATES);
     if (!(o->min_reserve_ratio >= 0 && o->min_reserve_ratio <= 1))
         return rx_err_set (err, RX_EINVAL, "scheduler: min_reserve_ratio %g must be in 0..1",
                            o->min_reserve_ratio);
@@ -349,6 +365,11 @@ rx_sched_t *rx_sched_new (struct rx_boot *boot, rx_engine_t *engine, const struc
         goto fail;
 
     if (!(s->spool = rx_sample_pool_new (s->o.sampling_threads, s->n_vocab, err))) goto fail;
+    s->dev_sample = s->o.device_sampling < 0 ? rx_engine_device_sampling (s->engine) : s->o.device_sampling;
+    s->k_cand = s->o.sampling_candidates < s->n_vocab ? s->o.sampling_candidates : s->n_vocab;
+    if (s->dev_sample)
+        rx_log (RX_LOG_INFO, "scheduler: device sampling: sampled rows draw from their %d most likely tokens",
+                s->k_cand);
     s->mslots = malloc ((size_t) (s->ctx + 1) * sizeof *s->mslots);
     if (!s->mslots) {
         rx_err_set (err, RX_ENOMEM, "scheduler: out of memory");
@@ -395,7 +416,8 @@ void rx_sched_destroy (rx_sched_t **self_p)
     free (s->mslots);
     free (s->b_tokens); free (s->b_pos); free (s->b_q); free (s->b_kvs);
     free (s->b_slots); free (s->b_out); free (s->logits); free (s->items);
-    free (s->b_ids); free (s->b_want);
+    free (s->b_ids); free (s->b_want); free (s->b_invt); free (s->b_crow); free (s->b_more);
+    free (s->c_probs); free (s->c_ids);
     free (s->ent); free (s->ent_index); free (s->ent_ids); free (s->ent_lp);
     free (s->ent_top_lp); free (s->ent_top_ids);
     free (s);
@@ -473,8 +495,9 @@ int rx_sched_submit (rx_sched_t *s, struct rx_request *r, struct rx_err *err)
     g->pen.frequency = sp->frequency_penalty;
     g->pen.presence = sp->presence_penalty;
     g->pen.repetition = sp->repetition_penalty;
-    g->plain_greedy = (sp->temperature <= 0 || sp->top_k == 1) && sp->frequency_penalty == 0 &&
-                      sp->presence_penalty == 0 && sp->repetition_penalty == 1;
+    const int no_pen = sp->frequency_penalty == 0 && sp->presence_penalty == 0 && sp->repetition_penalty == 1;
+    g->plain_greedy = (sp->temperature <= 0 || sp->top_k == 1) && no_pen;
+    g->plain_sample = !(sp->temperature <= 0 || sp->top_k == 1) && no_pen;
     int64_t room = (int64_t) s->ctx - g->req.n_input;
     g->max_new = (int32_t) (sp->max_tokens < 0 || sp->max_tokens > room ? room : sp->max_tokens);
     uint64_t seed = sp->has_seed ? sp->seed : s_mix (g->req.rid);
@@ -1035,6 +1058,26 @@ static int s_needs_logits (const struct s_req *r)
     return !(r->g->plain_greedy && !ban) || sp->logprobs;
 }
 
+/* This step's host-sampled rows, drawn on the sampling pool before the
+ * requests are walked in order (s_draw_all). */
+struct s_draw {
+    struct s_req *r;
+    const float *raw;
+    int ban;
+    const int32_t *tail;   /* s_draw_row */
+};
+
+/* Whether r's row draws from device candidates this step: device
+ * sampling on, sampled without penalties, no min_tokens ban and no
+ * logprobs (they read the whole row). */
+static int s_cand_row (const rx_sched_t *s, const struct s_req *r)
+{
+    const struct rx_sampling_params *sp = &r->g->req.sp;
+    const uint32_t n_out = r->len - r->n_in;
+    return s->dev_sample && r->g->plain_sample && (int64_t) n_out < r->g->max_new &&
+           (int64_t) n_out >= sp->min_tokens && !sp->logprobs;
+}
+
 static int s_forward (rx_sched_t *s, int32_t all_decode, struct rx_err *err)
 {
     size_t n_seq = s->batch.n, n_tok = 0, n_slot = 0, n_out = 0;
@@ -1062,11 +1105,25 @@ static int s_forward (rx_sched_t *s, int32_t all_decode, struct rx_err *err)
         if (ids) s->b_ids = ids;
         uint8_t *want = realloc (s->b_want, cap_seq * sizeof *want);
         if (want) s->b_want = want;
-        if (!q || !kv || !o || !ids || !want) return rx_err_set (err, RX_ENOMEM, "scheduler: out of memory");
+        float *invt = realloc (s->b_invt, cap_seq * sizeof *invt);
+        if (invt) s->b_invt = invt;
+        int32_t *crow = realloc (s->b_crow, cap_seq * sizeof *crow);
+        if (crow) s->b_crow = crow;
+        uint8_t *more = realloc (s->b_more, cap_seq * sizeof *more);
+        if (more) s->b_more = more;
+        if (!q || !kv || !o || !ids || !want || !invt || !crow || !more)
+            return rx_err_set (err, RX_ENOMEM, "scheduler: out of memory");
         s->cap_seq = cap_seq;
     }
     if (!pos) return rx_err_set (err, RX_ENOMEM, "scheduler: out of memory");
-    size_t t = 0, k = 0;
+    /* s_draw_all's list: sized here, where the step can still fail. */
+    if (s->cap_draws < n_seq) {
+        struct s_draw *d = realloc (s->draws, n_seq * sizeof *d);
+        if (!d) return rx_err_set (err, RX_ENOMEM, "scheduler: out of memory");
+        s->draws = d;
+        s->cap_draws = n_seq;
+    }
+    size_t t = 0, k = 0, n_cand = 0;
     for (size_t i = 0; i < n_seq; i++) {
         struct s_req *r = s->batch.v[i];
         uint32_t len;
@@ -1081,7 +1138,10 @@ static int s_forward (rx_sched_t *s, int32_t all_decode, struct rx_err *err)
             t++;
         }
         if (r->n_kv + r->extend == r->len) {
-            s->b_want[n_out] = (uint8_t) s_needs_logits (r);
+            const int cand = s_cand_row (s, r);
+            s->b_want[n_out] = (uint8_t) (!cand && s_needs_logits (r));
+            s->b_invt[n_out] = cand ? (float) (1.0 / (double) r->g->samp.temperature) : 0.f;
+            s->b_crow[n_out] = cand ? (int32_t) n_cand++ : -1;
             s->b_out[n_out++] = (int32_t) t - 1;
         }
     }
@@ -1089,6 +1149,15 @@ static int s_forward (rx_sched_t *s, int32_t all_decode, struct rx_err *err)
     s->b_kvs[n_seq] = (int32_t) k;
     if (rx_grow ((void **) &s->logits, &s->cap_logits, n_out * (size_t) s->n_vocab + 1, sizeof (float)))
         return rx_err_set (err, RX_ENOMEM, "scheduler: out of memory");
+    const size_t n_c = n_cand * (size_t) s->k_cand + 1;
+    if (n_c > s->cap_c) {
+        float *cp = realloc (s->c_probs, n_c * sizeof *cp);
+        if (cp) s->c_probs = cp;
+        int32_t *ci = realloc (s->c_ids, n_c * sizeof *ci);
+        if (ci) s->c_ids = ci;
+        if (!cp || !ci) return rx_err_set (err, RX_ENOMEM, "scheduler: out of memory");
+        s->cap_c = n_c;
+    }
     struct rx_model_batch b = {
         .struct_size = sizeof b,
         .n_tokens = (int32_t) n_tok,
@@ -1103,7 +1172,10 @@ static int s_forward (rx_sched_t *s, int32_t all_decode, struct rx_err *err)
         .logits = NULL,
         .all_decode = all_decode,
     };
-    return rx_engine_forward_ids (s->engine, &b, n_out ? s->logits : NULL, s->b_want, s->b_ids, err);
+    const struct rx_engine_cands c = { .k = s->k_cand, .inv_t = s->b_invt,
+                                       .probs = s->c_probs, .ids = s->c_ids };
+    return rx_engine_forward_sample (s->engine, &b, n_out ? s->logits : NULL, s->b_want, s->b_ids,
+                                     n_cand ? &c : NULL, err);
 }
 
 static int s_is_stop_id (const struct rx_sampling_params *sp, int32_t t)
@@ -1126,9 +1198,11 @@ static int s_host_draw (const struct s_req *r, int *ban)
 
 /* r's next token from its raw logits row on the host: penalties, the
  * min_tokens ban, then the sampler, with w's scratch (any thread's: a row
- * depends only on its own request, generator state included). */
+ * depends only on its own request, generator state included).  tail: the
+ * row's device candidates (k_cand ids) when its draw fell past them
+ * (RX_CANDS_TAIL): they are banned and the rest of the row drawn from. */
 static int32_t s_draw_row (const rx_sched_t *s, struct s_req *r, const float *raw, int ban,
-                           struct rx_sample_scratch *w)
+                           const int32_t *tail, struct rx_sample_scratch *w)
 {
     const struct rx_sampling_params *sp = &r->g->req.sp;
     const int32_t V = s->n_vocab;
@@ -1140,45 +1214,66 @@ static int32_t s_draw_row (const rx_sched_t *s, struct s_req *r, const float *ra
         if (s->o.eos_id >= 0) rx_logits_ban (row, V, &s->o.eos_id, 1);
         rx_logits_ban (row, V, sp->stop_ids, sp->n_stop_ids);
     }
+    if (tail) {
+        rx_logits_ban (row, V, tail, (size_t) s->k_cand);
+        const int32_t a = rx_argmax (row, V);
+        if (!isfinite (row[a])) return tail[0];   /* nothing past them after all (rounding) */
+    }
     return rx_sampler_sample_with (w->sampler, &r->g->samp, &r->rng, row);
 }
-
-/* This step's host-sampled rows, drawn on the sampling pool before the
- * requests are walked in order (s_draw_all). */
-struct s_draw {
-    struct s_req *r;
-    const float *raw;
-    int ban;
-};
 
 static void s_draw_one (void *ctx, size_t i, struct rx_sample_scratch *w)
 {
     const rx_sched_t *s = ctx;
     struct s_draw *d = &s->draws[i];
-    d->r->drawn = s_draw_row (s, d->r, d->raw, d->ban, w);
+    d->r->drawn = s_draw_row (s, d->r, d->raw, d->ban, d->tail, w);
     d->r->has_drawn = 1;
 }
 
-/* Draw every host-sampled row of the batch on the pool (the rows the walk
- * in rx_sched_step reaches, in its order of logits rows). */
-static void s_draw_all (rx_sched_t *s)
+/* Draw every sampled row of the batch (the rows the walk in rx_sched_step
+ * reaches, in its order of logits rows): a candidate row from its device
+ * candidates here, on this thread (k_cand values each); the rest, and the
+ * candidate rows whose cut or draw fell past their candidates (their
+ * rows fetched now, in one pass), on the pool.  s_forward sized the list. */
+static int s_draw_all (rx_sched_t *s, struct rx_err *err)
 {
-    size_t n = 0, k = 0;
-    if (s->cap_draws < s->batch.n) {
-        struct s_draw *d = realloc (s->draws, s->batch.n * sizeof *d);
-        if (!d) return;   /* drawn one by one in s_sample instead */
-        s->draws = d;
-        s->cap_draws = s->batch.n;
-    }
+    size_t n = 0, k = 0, n_more = 0;
+    const size_t V = (size_t) s->n_vocab, K = (size_t) s->k_cand;
     for (size_t i = 0; i < s->batch.n; i++) {
         struct s_req *r = s->batch.v[i];
         r->has_drawn = 0;
         if (r->n_kv + r->extend < r->len) continue;   /* mid-prompt: no row */
-        const float *raw = s->logits + k++ * (size_t) s->n_vocab;
+        const size_t j = k++;
+        const float *raw = s->logits + j * V;
         int ban = 0;
-        if (s_host_draw (r, &ban)) s->draws[n++] = (struct s_draw) { r, raw, ban };
+        s->b_more[j] = 0;
+        if (!s_host_draw (r, &ban)) continue;
+        const int32_t c = s->b_crow[j];
+        if (c < 0) {
+            s->draws[n++] = (struct s_draw) { r, raw, ban, NULL };
+            continue;
+        }
+        const int32_t *ids = s->c_ids + (size_t) c * K;
+        const int32_t tok = rx_sampler_sample_cands (&r->g->samp, &r->rng, s->c_probs + (size_t) c * K,
+                                                     ids, (int32_t) K, s->n_vocab);
+        s->st_cand_rows++;
+        if (tok >= 0) {
+            r->drawn = tok;
+            r->has_drawn = 1;
+            continue;
+        }
+        s->b_more[j] = 1;
+        n_more++;
+        if (tok == RX_CANDS_TAIL) s->st_cand_tail++;
+        else s->st_cand_full++;
+        s->draws[n++] = (struct s_draw) { r, raw, ban, tok == RX_CANDS_TAIL ? ids : NULL };
+    }
+    if (n_more) {
+        int rc = rx_engine_logits_rows (s->engine, s->logits, (int32_t) k, s->b_more, err);
+        if (rc != RX_OK) return rc;
     }
     rx_sample_pool_run (s->spool, n, s_draw_one, s);
+    return RX_OK;
 }
 
 /* Sample r's next token from its raw logits row (copied to the host only
@@ -1202,8 +1297,8 @@ static int s_sample (rx_sched_t *s, struct s_req *r, const float *raw, int32_t d
         tok = dev_argmax;   /* = rx_argmax (raw, V), computed on the device (s_needs_logits) */
     } else if (r->has_drawn) {
         tok = r->drawn;
-    } else {   /* s_draw_all could not size its list: here, on this thread */
-        tok = s_draw_row (s, r, raw, ban, rx_sample_pool_scratch (s->spool));
+    } else {   /* not expected: s_draw_all draws every host row */
+        tok = s_draw_row (s, r, raw, ban, NULL, rx_sample_pool_scratch (s->spool));
     }
     r->has_drawn = 0;
     if (s_push_token (r, tok)) {
@@ -1308,6 +1403,7 @@ int rx_sched_step (rx_sched_t *s, struct rx_sched_out *out, struct rx_err *err)
     out->all_decode = out->kind == RX_SCHED_DECODE && s->group_decode;
     rc = s->batch_hook ? s->batch_hook (s->batch_hook_ud, s->step, s_batch_hash (s, out->kind), err) : RX_OK;
     if (rc == RX_OK) rc = s_forward (s, out->all_decode, err);
+    if (rc == RX_OK) rc = s_draw_all (s, err);
     if (rc) {
         /* The batch cannot run: abort its requests (one clear error up). */
         for (size_t i = 0; i < s->batch.n; i++) {
@@ -1324,7 +1420,6 @@ int rx_sched_step (rx_sched_t *s, struct rx_sched_out *out, struct rx_err *err)
     }
     int prefill = out->kind == RX_SCHED_PREFILL;
     if (prefill) s->chunked = NULL;
-    s_draw_all (s);
     size_t k = 0;
     for (size_t i = 0; i < s->batch.n; i++) {
         struct s_req *r = s->batch.v[i];
@@ -1395,6 +1490,9 @@ void rx_sched_stats (rx_sched_t *s, struct rx_sched_stats *st)
     st->cached_tokens = s->st_cached;
     st->computed_tokens = s->st_computed;
     st->gen_tokens = s->st_gen;
+    st->cand_rows = s->st_cand_rows;
+    st->cand_full = s->st_cand_full;
+    st->cand_tail = s->st_cand_tail;
     st->retractions = s->st_retract;
     st->finished = s->st_finished;
     st->new_token_ratio = s->new_token_ratio;

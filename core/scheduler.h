@@ -102,7 +102,17 @@ struct rx_sched_opts {
     /* [scheduler] sampling_threads: threads that sample host rows after a
      * step (core/sample_pool.h; 0 = auto). */
     int32_t  sampling_threads;
+    /* [scheduler] device_sampling: -1 auto (on for a device backend, one
+     * without RX_KCAP_HOST_VISIBLE), 0 off, 1 on -- a sampled row without
+     * penalties, logprobs or a min_tokens ban draws from the device's
+     * sampling_candidates most likely tokens (rx_sampler_sample_cands),
+     * fetching its whole row only when the cut or the draw falls past
+     * them.  The same distribution as the host path, not the same draws. */
+    int32_t  device_sampling;
+    int32_t  sampling_candidates;   /* 1 .. RX_SCHED_MAX_CANDIDATES */
 };
+
+#define RX_SCHED_MAX_CANDIDATES 4096
 
 int rx_sched_opts_from_conf (const rx_conf_t *conf, struct rx_sched_opts *o, struct rx_err *err);
 
@@ -230,6 +240,10 @@ struct rx_sched_stats {
     uint32_t context_len;       /* the context length enforced (prompt + output) */
     double   prompt_tps;        /* since the previous rx_sched_stats call (wall time) */
     double   gen_tps;
+    /* device sampling: rows drawn from candidates, and of them the ones
+     * whose whole row was fetched (a cut past the candidates: full; a
+     * plain draw past them: tail) */
+    uint64_t cand_rows, cand_full, cand_tail;
 };
 void rx_sched_stats (rx_sched_t *s, struct rx_sched_stats *st);
 

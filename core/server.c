@@ -1123,6 +1123,19 @@ static void s_ep_metrics (rx_server_t *s, struct evhttp_request *req)
         (unsigned long long) st->steps, (unsigned long long) s->n_finished,
         (unsigned long long) s->n_aborted, (unsigned long long) s->n_rejected,
         (unsigned long long) s->n_disconnects);
+    if (!rc && st->cand_rows > 0) {
+        /* [scheduler] device_sampling (docs/config.md): how often a row's
+         * candidates were not enough and its whole row came to the host. */
+        const uint64_t ok = st->cand_rows - st->cand_full - st->cand_tail;
+        rc = rx_strbuf_printf (&b, &len, &cap,
+            "# HELP radix_device_sampling_rows_total Sampled rows drawn from device candidates, by outcome "
+            "(full / tail: the whole row was fetched to the host).\n"
+            "# TYPE radix_device_sampling_rows_total counter\n"
+            "radix_device_sampling_rows_total{outcome=\"candidates\"} %llu\n"
+            "radix_device_sampling_rows_total{outcome=\"full\"} %llu\n"
+            "radix_device_sampling_rows_total{outcome=\"tail\"} %llu\n",
+            (unsigned long long) ok, (unsigned long long) st->cand_full, (unsigned long long) st->cand_tail);
+    }
     if (!rc && s->eplb.n > 0) {
         /* EPLB (docs/eplb.md): mean / max GPU load per MoE layer of the
          * current placement over the recorded window (1 = balanced). */

@@ -96,6 +96,12 @@ static const struct rx_cfg_key s_scheduler[] = {
     { "sampling_threads", RX_CFG_INT, "0",
       "threads that sample a step's rows on the host (temperature, top_p, penalties), each request's token the same whatever the count; 0 = auto: 1 on up to 4 CPUs, else a quarter of them, at most 8",
       0, 64, NULL },
+    { "device_sampling", RX_CFG_ENUM, "auto",
+      "sampled rows (no penalties, logprobs or min_tokens ban) draw from the device's sampling_candidates most likely tokens instead of copying the whole row to the host (the same distribution, not the same draws as the host path); auto = on for device backends (cuda), off for cpu",
+      0, 0, "auto|on|off" },
+    { "sampling_candidates", RX_CFG_INT, "64",
+      "tokens per row device sampling copies back; a row whose top_p/min_p cut or draw falls past them is fetched whole and sampled on the host",
+      1, 4096, NULL },
     { NULL, 0, NULL, NULL, 0, 0, NULL }
 };
 

@@ -4,7 +4,8 @@
  * retraction under a tiny KV pool, aborts returning the pool and the cache
  * locks, queue limits, n > 1 with seeds, finish rules, logprobs, flush,
  * every schedule policy; plus the sampling extensions (penalties,
- * logprobs) and the dfs_weight policy plugin on a synthetic tree.
+ * logprobs, device sampling) and the dfs_weight policy plugin on a
+ * synthetic tree.
  *
  * References are computed with a second engine driven directly through
  * rx_engine_forward (one request at a time, whole-prompt prefill then one
@@ -1346,5 +1347,269 @@ Test (scheduler, sampling_threads_draw_the_same_tokens)
     cr_assert_geq (sampled, 10, "most rows were sampled on the host");
     free (run[0]);
     free (run[1]);
+    s_env_close (&e);
+}
+
+/* ------------------------------------------------- device sampling -- *
+ * [scheduler] device_sampling = on, forced on kernels-cpu: a sampled row
+ * without penalties, logprobs or a min_tokens ban draws from the device's
+ * sampling_candidates most likely tokens (rx_sampler_sample_cands).  Rows
+ * that keep the host path (greedy, penalties, logprobs, a min_tokens ban)
+ * must give the very same tokens as with device sampling off; top_k rows
+ * with top_k <= sampling_candidates draw the host sampler's token (the
+ * same uniform, a cut inside the candidates); plain and top_p rows draw
+ * from the same distribution but not the same tokens -- only seeded
+ * reproducibility is asserted for them. */
+
+enum { DS_NQ = 16, DS_NP = 9, DS_NG = 12 };
+static int s_ds_i;
+static void s_tw_ds (struct rx_request *r)
+{
+    const int i = s_ds_i;
+    r->sp.has_seed = 1;
+    r->sp.seed = 7000 + (uint64_t) i;
+    switch (i % 8) {
+    case 0: r->sp.temperature = 0; break;                                          /* greedy */
+    case 1: r->sp.temperature = 1.1f; r->sp.frequency_penalty = 0.4f; break;        /* penalized */
+    case 2: r->sp.temperature = 0.9f; r->sp.logprobs = 1; r->sp.top_logprobs = 5; break;
+    case 3: r->sp.temperature = 1.0f; r->sp.min_tokens = DS_NG; break;              /* banned throughout */
+    case 4: r->sp.temperature = 0.8f; r->sp.top_k = 20; break;                       /* candidates */
+    case 5: r->sp.temperature = 1.3f; r->sp.top_k = 64; r->sp.top_p = 0.9f; r->sp.min_p = 0.02f; break;
+    case 6: r->sp.temperature = 1.0f; r->sp.n = 3; break;                            /* plain, 3 siblings */
+    case 7: r->sp.temperature = 0.7f; r->sp.top_p = 0.9f; break;                     /* top_p only */
+    }
+}
+/* rows that must draw exactly what the host path draws */
+static int s_ds_same (int i) { return i % 8 <= 5; }
+/* requests (times their n) that take the candidate path every step */
+static int s_ds_cand (int i) { return i % 8 == 4 || i % 8 == 5 || i % 8 == 7 ? 1 : i % 8 == 6 ? 3 : 0; }
+
+static void s_ds_run (struct env *e, int32_t ds, int32_t k, int32_t (*p)[DS_NP], void (*tw) (struct rx_request *),
+                      struct run *run, struct rx_sched_stats *st)
+{
+    struct rx_sched_opts o = s_opts (e, "fcfs");
+    o.device_sampling = ds;
+    o.sampling_candidates = k;
+    rx_sched_t *s = s_sched (e, &o);
+    for (int i = 0; i < DS_NQ; i++) {
+        s_ds_i = i;
+        s_submit (s, 100 + (uint64_t) i, p[i], DS_NP, DS_NG, tw);
+    }
+    s_drain (s, run, 400);
+    rx_sched_stats (s, st);
+    rx_sched_destroy (&s);
+}
+
+static void s_ds_prompts (int32_t (*p)[DS_NP], uint64_t seed)
+{
+    s_lcg = seed;
+    for (int i = 0; i < DS_NQ; i++) {
+        p[i][0] = 1;
+        for (int j = 1; j < DS_NP; j++) p[i][j] = s_rand_tok ();
+    }
+}
+
+Test (scheduler, device_sampling_keeps_the_host_paths_and_top_k_draws)
+{
+    struct env e;
+    s_env_open (&e);
+    int32_t p[DS_NQ][DS_NP];
+    s_ds_prompts (p, 5151);
+    /* off, on, on again, auto (off on kernels-cpu: host-visible) */
+    static const int32_t ds[] = { 0, 1, 1, -1 };
+    struct run *run[4];
+    struct rx_sched_stats st[4];
+    for (int m = 0; m < 4; m++) {
+        run[m] = calloc (1, sizeof *run[m]);
+        s_ds_run (&e, ds[m], 64, p, s_tw_ds, run[m], &st[m]);
+    }
+    uint64_t want_cand = 0;
+    for (int i = 0; i < DS_NQ; i++) want_cand += (uint64_t) s_ds_cand (i) * DS_NG;
+    cr_assert_eq (st[0].cand_rows, 0, "device sampling off: no candidate rows");
+    cr_assert_eq (st[3].cand_rows, 0, "auto on kernels-cpu: off");
+    cr_assert_eq (st[1].cand_rows, want_cand, "every step of every candidate request: %llu, want %llu",
+                  (unsigned long long) st[1].cand_rows, (unsigned long long) want_cand);
+    cr_assert_eq (st[2].cand_rows, st[1].cand_rows);
+    cr_assert_eq (st[2].cand_full, st[1].cand_full);
+    cr_assert_eq (st[2].cand_tail, st[1].cand_tail);
+    cr_assert_leq (st[1].cand_full + st[1].cand_tail, st[1].cand_rows);
+    int same = 0, differ = 0;
+    for (int i = 0; i < DS_NQ; i++)
+        for (uint32_t k = 0; k < (i % 8 == 6 ? 3u : 1u); k++) {
+            struct res *r[4];
+            for (int m = 0; m < 4; m++) {
+                r[m] = s_res (run[m], 100 + (uint64_t) i, k);
+                cr_assert_eq (r[m]->n, DS_NG, "mode %d request %d.%u ran to max_tokens", m, i, k);
+                cr_assert_eq (r[m]->finish, RX_FINISH_LENGTH);
+                for (int t = 0; t < r[m]->n; t++)
+                    cr_assert (r[m]->ids[t] >= 0 && r[m]->ids[t] < e.V, "request %d.%u token %d: %d", i, k, t,
+                               r[m]->ids[t]);
+            }
+            cr_assert_arr_eq (r[1]->ids, r[2]->ids, sizeof r[1]->ids[0] * DS_NG,
+                              "request %d.%u: a seed gives the same tokens run to run", i, k);
+            cr_assert_arr_eq (r[0]->ids, r[3]->ids, sizeof r[0]->ids[0] * DS_NG,
+                              "request %d.%u: auto on kernels-cpu is the host path", i, k);
+            if (s_ds_same (i)) {
+                for (int t = 0; t < DS_NG; t++)
+                    cr_assert_eq (r[1]->ids[t], r[0]->ids[t],
+                                  "request %d (kind %d) token %d: device sampling %d, host %d", i, i % 8, t,
+                                  r[1]->ids[t], r[0]->ids[t]);
+                if (i % 8 == 2)   /* logprobs read the whole row either way */
+                    for (int t = 0; t < DS_NG; t++) cr_assert_float_eq (r[1]->lp[t], r[0]->lp[t], 1e-6);
+                same++;
+            } else {
+                differ += memcmp (r[1]->ids, r[0]->ids, sizeof r[0]->ids[0] * DS_NG) != 0;
+            }
+        }
+    cr_assert_eq (same, 12);
+    /* plain rows walk the candidates best first: other draws than the host's
+     * id-order walk (not a requirement, a check that the path was taken) */
+    cr_log_info ("device sampling: %llu candidate rows (%llu full, %llu tail); %d of 8 plain/top_p "
+                 "requests drew other tokens than the host path",
+                 (unsigned long long) st[1].cand_rows, (unsigned long long) st[1].cand_full,
+                 (unsigned long long) st[1].cand_tail, differ);
+    cr_assert_gt (differ, 0);
+    for (int m = 0; m < 4; m++) free (run[m]);
+    s_env_close (&e);
+}
+
+/* sampling_candidates = 2: plain sampling at T 1.5 falls past two
+ * candidates often (RX_CANDS_TAIL: the row is fetched, the two banned),
+ * top_p 0.99 needs more than two (RX_CANDS_FULL), top_k 3 > 2 always
+ * does; top_k 2 stays on the candidates.  Every request still runs to
+ * max_tokens with ids in the vocabulary, the bookkeeping check passing
+ * each step (s_drain), and a seed gives the same tokens run to run. */
+static void s_tw_k2 (struct rx_request *r)
+{
+    const int i = s_ds_i;
+    r->sp.has_seed = 1;
+    r->sp.seed = 300 + (uint64_t) i;
+    switch (i % 4) {
+    case 0: r->sp.temperature = 1.5f; break;
+    case 1: r->sp.temperature = 1.5f; r->sp.top_p = 0.99f; break;
+    case 2: r->sp.temperature = 1.0f; r->sp.top_k = 3; break;
+    case 3: r->sp.temperature = 1.0f; r->sp.top_k = 2; break;
+    }
+}
+
+Test (scheduler, two_candidates_fall_back_to_the_whole_row_and_still_finish)
+{
+    struct env e;
+    s_env_open (&e);
+    int32_t p[DS_NQ][DS_NP];
+    s_ds_prompts (p, 6262);
+    struct run *run[2];
+    struct rx_sched_stats st[2];
+    for (int m = 0; m < 2; m++) {
+        run[m] = calloc (1, sizeof *run[m]);
+        s_ds_run (&e, 1, 2, p, s_tw_k2, run[m], &st[m]);
+    }
+    cr_assert_eq (st[0].cand_rows, (uint64_t) DS_NQ * DS_NG, "every row drew from candidates");
+    cr_assert_gt (st[0].cand_tail, 0, "plain draws past 2 candidates");
+    /* top_k 3 (4 requests) always; top_p 0.99 mostly */
+    cr_assert_gt (st[0].cand_full, (uint64_t) (DS_NQ / 4) * DS_NG, "full: %llu", (unsigned long long) st[0].cand_full);
+    cr_assert_leq (st[0].cand_full + st[0].cand_tail, st[0].cand_rows);
+    cr_log_info ("k 2: %llu candidate rows, %llu full, %llu tail", (unsigned long long) st[0].cand_rows,
+                 (unsigned long long) st[0].cand_full, (unsigned long long) st[0].cand_tail);
+    for (int i = 0; i < DS_NQ; i++) {
+        struct res *a = s_res (run[0], 100 + (uint64_t) i, 0), *b = s_res (run[1], 100 + (uint64_t) i, 0);
+        cr_assert_eq (a->n, DS_NG, "request %d ran to max_tokens", i);
+        cr_assert_eq (a->finish, RX_FINISH_LENGTH);
+        for (int t = 0; t < DS_NG; t++) cr_assert (a->ids[t] >= 0 && a->ids[t] < e.V, "request %d token %d", i, t);
+        cr_assert_arr_eq (a->ids, b->ids, sizeof a->ids[0] * DS_NG, "request %d: reproducible", i);
+    }
+    free (run[0]);
+    free (run[1]);
+    s_env_close (&e);
+}
+
+/* The INI keys reach rx_sched_opts; a bad value is refused when the
+ * config is read (the key's range / choices) and a bad option by
+ * rx_sched_new, each with one line naming sampling_candidates or
+ * device_sampling. */
+static int s_ds_conf (const char *ini, struct rx_sched_opts *o, struct rx_err *err)
+{
+    char *dir = tu_tmpdir ();
+    char *path = tu_path (dir, "s.ini");
+    tu_write (path, ini);
+    setenv ("RADIX_PLUGIN_PATH", tu_env ("RX_PLUGIN_BUILD_DIR"), 1);
+    struct rx_boot b;
+    int rc = rx_boot_open (&b, path, 0, err);
+    if (rc == RX_OK) {
+        cr_assert_eq (rx_sched_opts_from_conf (b.conf, o, err), RX_OK, "%s", err->msg);
+        rx_boot_close (&b);
+    }
+    free (path);
+    free (dir);
+    return rc;
+}
+
+Test (scheduler, device_sampling_conf_keys_and_bad_candidate_counts)
+{
+    struct rx_sched_opts o;
+    struct rx_err err = { 0 };
+    cr_assert_eq (s_ds_conf ("[scheduler]\ndevice_sampling = on\nsampling_candidates = 100\n", &o, &err), RX_OK, "%s",
+                  err.msg);
+    cr_assert_eq (o.device_sampling, 1);
+    cr_assert_eq (o.sampling_candidates, 100);
+    cr_assert_eq (s_ds_conf ("[scheduler]\ndevice_sampling = off\nsampling_candidates = 4096\n", &o, &err), RX_OK,
+                  "%s", err.msg);
+    cr_assert_eq (o.device_sampling, 0);
+    cr_assert_eq (o.sampling_candidates, 4096);
+    cr_assert_eq (s_ds_conf ("[scheduler]\ndevice_sampling = auto\nsampling_candidates = 1\n", &o, &err), RX_OK, "%s",
+                  err.msg);
+    cr_assert_eq (o.device_sampling, -1);
+    cr_assert_eq (o.sampling_candidates, 1);
+    cr_assert_eq (s_ds_conf ("[scheduler]\npolicy = fcfs\n", &o, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (o.device_sampling, -1, "default auto");
+    cr_assert_eq (o.sampling_candidates, 64, "default 64");
+    static const struct { const char *ini, *key; } bad[] = {
+        { "[scheduler]\ndevice_sampling = maybe\n", "device_sampling" },
+        { "[scheduler]\nsampling_candidates = 0\n", "sampling_candidates" },
+        { "[scheduler]\nsampling_candidates = 5000\n", "sampling_candidates" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        memset (&err, 0, sizeof err);
+        cr_assert_neq (s_ds_conf (bad[i].ini, &o, &err), RX_OK, "%s accepted", bad[i].ini);
+        cr_assert (strstr (err.msg, bad[i].key), "\"%s\" lacks %s", err.msg, bad[i].key);
+        cr_assert_null (strchr (err.msg, '\n'), "one line: %s", err.msg);
+    }
+
+    struct env e;
+    s_env_open (&e);
+    static const int32_t ks[] = { 0, 5000, -3 };
+    for (int ds = -1; ds <= 1; ds += 2)   /* on, and auto (checked whatever it resolves to) */
+        for (size_t i = 0; i < 3; i++) {
+            o = s_opts (&e, "fcfs");
+            o.device_sampling = ds;
+            o.sampling_candidates = ks[i];
+            memset (&err, 0, sizeof err);
+            cr_assert_null (rx_sched_new (&e.boot, e.eng, &o, &err), "device_sampling %d, %d candidates", ds, ks[i]);
+            cr_assert_eq (err.code, RX_EINVAL);
+            cr_assert (strstr (err.msg, "sampling_candidates"), "%s", err.msg);
+            cr_assert_null (strchr (err.msg, '\n'));
+        }
+    /* the bounds themselves (tiny-llama's 32000 tokens: 4096 is not capped) */
+    static const int32_t good[] = { 1, RX_SCHED_MAX_CANDIDATES };
+    for (int i = 0; i < 2; i++) {
+        o = s_opts (&e, "fcfs");
+        o.device_sampling = 1;
+        o.sampling_candidates = good[i];
+        rx_sched_t *s = s_sched (&e, &o);
+        int32_t pr[4] = { 1, 50, 60, 70 };
+        s_ds_i = 3;
+        s_submit (s, 1, pr, 4, 5, s_tw_k2);   /* top_k 2 */
+        struct run *run = calloc (1, sizeof *run);
+        s_drain (s, run, 50);
+        cr_assert_eq (s_res (run, 1, 0)->n, 5);
+        struct rx_sched_stats st;
+        rx_sched_stats (s, &st);
+        cr_assert_eq (st.cand_rows, 5);
+        /* k 1 < top_k 2: the whole row every step; k 4096: never */
+        cr_assert_eq (st.cand_full, good[i] == 1 ? 5u : 0u, "k %d: %llu full", good[i],
+                      (unsigned long long) st.cand_full);
+        free (run);
+        rx_sched_destroy (&s);
+    }
     s_env_close (&e);
 }
