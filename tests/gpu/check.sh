@@ -18,6 +18,8 @@
 #   5. ranks:     radixd with conf/radixd-dp-attention.ini (DP attention +
 #                 expert parallelism, 2 ranks on the one GPU) on CUDA: its
 #                 greedy completions must equal the CPU backend's;
+#                 then tiny-llama with device sampling on: seeded sampled
+#                 completions repeat, greedy ones equal the CPU's;
 #   6. bench:     a ~1B-parameter `radix gguf-gen` llama in BF16 and Q8_0:
 #                 `radix bench` batch-1 decode, prefill of 512 tokens and
 #                 batched decode at 1/16/64, against the measured
@@ -207,6 +209,76 @@ if serve cuda 30171 "$OUT/dp-cuda.log" > "$OUT/dp-cuda.out" 2>&1 &&
   fi
 else
   row dp-attention+ep FAIL "radixd or a request failed (dp-*.log, dp-*.out)"
+fi
+
+# ---------------------------------------------------------------- sampling --
+# Device sampling ([scheduler] device_sampling = on: softmax + topk on the
+# device, docs/gpu.md): tiny-llama served with 8 candidates a row.  On
+# CUDA, seeded sampled completions (top_p, top_k, min_p, plain sampling
+# whose draws fall in the tail) must repeat exactly and /metrics must
+# count candidate rows; greedy completions must equal the CPU's.
+sample_serve() {   # sample_serve BACKEND PORT LOG -> completions on stdout
+  cat > "$OUT/sampling-$1.ini" <<EOF
+[server]
+port = $2
+[kernels]
+backend = $1
+[model]
+path = $SHARED/data/models/tiny-llama.gguf
+[scheduler]
+device_sampling = on
+sampling_candidates = 8
+EOF
+  "$B/core/radixd" -c "$OUT/sampling-$1.ini" > "$3" 2>&1 &
+  pid=$!
+  python3 - "$2" "$1" <<'EOF'
+import json, sys, time, urllib.request
+port, backend = sys.argv[1], sys.argv[2]
+base = "http://127.0.0.1:%s" % port
+for _ in range(240):
+    try:
+        urllib.request.urlopen(base + "/health", timeout=1).read()
+        break
+    except Exception:
+        time.sleep(0.25)
+else:
+    print("radixd did not come up"); sys.exit(1)
+def comp(**kw):
+    body = {"prompt": "Once upon a time", "max_tokens": 24, "ignore_eos": True}
+    body.update(kw)
+    req = urllib.request.Request(base + "/v1/completions", method="POST", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    return json.load(urllib.request.urlopen(req, timeout=60))["choices"][0]["text"]
+print("greedy", repr(comp(temperature=0)))
+if backend == "cuda":
+    for kw in [dict(temperature=0.8, top_p=0.9), dict(temperature=1.3), dict(temperature=0.7, top_k=5),
+               dict(temperature=1.0, min_p=0.05)]:
+        a, b = comp(seed=11, **kw), comp(seed=11, **kw)
+        if a != b:
+            print("seeded %r differs run to run: %r vs %r" % (kw, a, b)); sys.exit(1)
+    for _ in range(20):   # the scheduler's stats reach main once a second
+        m = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
+        rows = [l for l in m.splitlines() if l.startswith("radix_device_sampling_rows_total")]
+        if rows: break
+        time.sleep(0.25)
+    print("# " + "; ".join(rows), file=sys.stderr)
+    if not any(l.split()[-1] != "0" for l in rows if "candidates" in l):
+        print("no candidate rows counted"); sys.exit(1)
+EOF
+  st=$?
+  kill "$pid" 2>/dev/null
+  wait "$pid" 2>/dev/null
+  return $st
+}
+if sample_serve cuda 30173 "$OUT/sampling-cuda.log" > "$OUT/sampling-cuda.out" 2> "$OUT/sampling-cuda.err" &&
+   sample_serve cpu 30174 "$OUT/sampling-cpu.log" > "$OUT/sampling-cpu.out" 2>&1; then
+  if cmp -s "$OUT/sampling-cuda.out" "$OUT/sampling-cpu.out"; then
+    row device-sampling ok "seeded draws repeat, greedy equals the CPU's;$(tr -d '#\n' < "$OUT/sampling-cuda.err")"
+  else
+    row device-sampling FAIL "greedy differs from the CPU's (sampling-cuda.out vs sampling-cpu.out)"
+  fi
+else
+  row device-sampling FAIL "radixd or a request failed (sampling-*.log, sampling-*.out)"
 fi
 
 [ "${SKIP_BENCH:-0}" = 1 ] && finish
