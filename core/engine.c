@@ -833,23 +833,30 @@ int32_t rx_engine_n_out (const struct rx_engine_req *reqs, int32_t n_req)
 }
 
 static int s_step (rx_engine_t *e, const struct rx_engine_req *reqs, int32_t n_req, float *logits,
-                   int32_t *ids, struct rx_err *err);
+                   int32_t *ids, const struct rx_engine_cands *cands, struct rx_err *err);
 
 int rx_engine_step (rx_engine_t *e, const struct rx_engine_req *reqs, int32_t n_req,
                     float *logits, struct rx_err *err)
 {
-    return s_step (e, reqs, n_req, logits, NULL, err);
+    return s_step (e, reqs, n_req, logits, NULL, NULL, err);
 }
 
 int rx_engine_step_ids (rx_engine_t *e, const struct rx_engine_req *reqs, int32_t n_req,
                         int32_t *ids, struct rx_err *err)
 {
     if (!ids) return rx_err_set (err, RX_EINVAL, "engine: step_ids: ids is NULL");
-    return s_step (e, reqs, n_req, NULL, ids, err);
+    return s_step (e, reqs, n_req, NULL, ids, NULL, err);
+}
+
+int rx_engine_step_sample (rx_engine_t *e, const struct rx_engine_req *reqs, int32_t n_req,
+                           int32_t *ids, const struct rx_engine_cands *cands, struct rx_err *err)
+{
+    if (!ids || !cands) return rx_err_set (err, RX_EINVAL, "engine: step_sample: ids or cands is NULL");
+    return s_step (e, reqs, n_req, NULL, ids, cands, err);
 }
 
 static int s_step (rx_engine_t *e, const struct rx_engine_req *reqs, int32_t n_req, float *logits,
-                   int32_t *ids, struct rx_err *err)
+                   int32_t *ids, const struct rx_engine_cands *cands, struct rx_err *err)
 {
     if (n_req < 1 || !reqs)
         return rx_err_set (err, RX_EINVAL, "engine: step with %d requests", n_req);
@@ -903,7 +910,8 @@ static int s_step (rx_engine_t *e, const struct rx_engine_req *reqs, int32_t n_r
         .n_seq = n_req, .q_start = q_start, .kv_start = kv_start, .kv_slots = slots,
         .n_out = n_out, .out_rows = out_rows, .logits = NULL,
     };
-    int rc = ids ? rx_engine_forward_ids (e, &mb, NULL, NULL, ids, err) : rx_engine_forward (e, &mb, logits, err);
+    int rc = ids ? rx_engine_forward_sample (e, &mb, NULL, NULL, ids, cands, err)
+                 : rx_engine_forward (e, &mb, logits, err);
     if (rc != RX_OK) return rc;
     for (int32_t i = 0; i < n_req; i++)
         e->seqs[reqs[i].seq].len += reqs[i].n_tokens;

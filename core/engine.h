@@ -229,6 +229,11 @@ int rx_engine_device_sampling (const rx_engine_t *e);
  * (radix bench --greedy). */
 int rx_engine_step_ids (rx_engine_t *e, const struct rx_engine_req *reqs, int32_t n_req,
                         int32_t *ids, struct rx_err *err);
+/* rx_engine_step_ids with device sampling's candidates of the output rows
+ * (struct rx_engine_cands; inv_t has rx_engine_n_out entries): radix bench
+ * --sample measures the device's share of device sampling. */
+int rx_engine_step_sample (rx_engine_t *e, const struct rx_engine_req *reqs, int32_t n_req,
+                           int32_t *ids, const struct rx_engine_cands *cands, struct rx_err *err);
 
 /* DP attention: this rank's step when it has no work -- one forward of
  * zero tokens, which still takes part in every layer's collectives so the

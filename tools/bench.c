@@ -4,7 +4,7 @@
  *
  *   radix bench --model F.gguf [--threads T] [--config FILE]
  *               [--pp LIST] [--tg N] [--batch LIST] [--reps N] [--bw-mib N] [--json]
- *               [--greedy]
+ *               [--greedy] [--sample K]
  *
  * Tests (each from an empty KV cache, with pseudo-random token ids, as
  * llama-bench does):
@@ -18,6 +18,10 @@
  * instead of copying their logits (rx_engine_step_ids), as radixd's greedy
  * requests do; on a GPU that leaves the n_vocab floats per row on the
  * device.
+ * --sample K: --greedy, and every step also computes the device sampling
+ * candidates of its output rows (softmax at temperature 1, the K most
+ * likely tokens, copied back: rx_engine_step_sample), the device's share
+ * of radixd's [scheduler] device_sampling; no host draw.
  * Each test runs once untimed (warm-up: page faults, thread wake-up), then
  * --reps times; the table shows the median with min and max, in tok/s.
  *
@@ -165,8 +169,16 @@ struct s_ctx {
     int32_t *tok;       /* scratch token ids, max(pp, batch) */
     float *logits;      /* [max batch][V] */
     int32_t *ids;       /* [max batch]: --greedy, else NULL */
+    struct rx_engine_cands cands;   /* --sample K: k > 0 */
     uint64_t rng;
 };
+
+/* A step returning ids (--greedy), with candidates too (--sample). */
+static int s_step_ids (struct s_ctx *c, const struct rx_engine_req *req, int32_t n, struct rx_err *err)
+{
+    return c->cands.k > 0 ? rx_engine_step_sample (c->e, req, n, c->ids, &c->cands, err)
+                          : rx_engine_step_ids (c->e, req, n, c->ids, err);
+}
 
 /* One run of pp n: seconds, or < 0 with err set. */
 static double s_run_pp (struct s_ctx *c, int n, struct rx_err *err)
@@ -179,7 +191,7 @@ static double s_run_pp (struct s_ctx *c, int n, struct rx_err *err)
     for (int off = 0; off < n && rc == RX_OK;) {
         int k = n - off < S_UBATCH ? n - off : S_UBATCH;
         struct rx_engine_req r = { seq, k, c->tok + off, 0 };
-        if (off + k == n && c->ids) rc = rx_engine_step_ids (c->e, &r, 1, c->ids, err);
+        if (off + k == n && c->ids) rc = s_step_ids (c, &r, 1, err);
         else rc = rx_engine_step (c->e, &r, 1, off + k == n ? c->logits : NULL, err);
         off += k;
     }
@@ -207,7 +219,7 @@ static double s_run_tg (struct s_ctx *c, int steps, int batch, struct rx_err *er
         for (int s = 0; s < steps && rc == RX_OK; s++) {
             s_tokens (c->tok, batch, c->V, &c->rng);
             for (int i = 0; i < batch; i++) req[i] = (struct rx_engine_req) { seqs[i], 1, c->tok + i, 0 };
-            rc = c->ids ? rx_engine_step_ids (c->e, req, batch, c->ids, err)
+            rc = c->ids ? s_step_ids (c, req, batch, err)
                         : rx_engine_step (c->e, req, batch, c->logits, err);
         }
         dt = rx_gen_now () - t0;
@@ -274,7 +286,10 @@ static void s_usage (FILE *f)
              "  --bw-mib buffer (default 1024; 0 skips it).  --pp none, --tg 0 or\n"
              "  --batch none skip that part; --json prints one JSON object instead.\n"
              "  --greedy: each step returns the device argmax of its rows instead of\n"
-             "  copying their logits to the host (as greedy serving does).\n");
+             "  copying their logits to the host (as greedy serving does).\n"
+             "  --sample K (1..4096): --greedy, and each step also computes the K most\n"
+             "  likely tokens of every row on the device and copies them back (the\n"
+             "  device's share of [scheduler] device_sampling).\n");
 }
 
 static void s_json_str (FILE *f, const char *s)
@@ -302,6 +317,7 @@ int rx_cmd_bench (int argc, char **argv)
         { "json", no_argument, NULL, 'J' },
         { "bw-mib", required_argument, NULL, 'B' },
         { "greedy", no_argument, NULL, 'G' },
+        { "sample", required_argument, NULL, 'S' },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 }
     };
@@ -310,6 +326,7 @@ int rx_cmd_bench (int argc, char **argv)
     int bs[S_MAX_LIST] = { 1, 4, 16 }, n_bs = 3;
     long tg = 128, reps = 3, bw_mib = 1024, lv;
     int json = 0, greedy = 0, c;
+    long sample = 0;
     optind = 1;
     while ((c = getopt_long (argc, argv, "m:j:c:p:n:b:r:h", opts, NULL)) != -1) {
         switch (c) {
@@ -317,6 +334,8 @@ int rx_cmd_bench (int argc, char **argv)
         case 'c': config = optarg; break;
         case 'J': json = 1; break;
         case 'G': greedy = 1; break;
+        case 'S': if (rx_gen_parse_int ("sample", optarg, 1, 4096, &sample)) return 2;
+                  greedy = 1; break;
         case 'j': if (rx_gen_parse_int ("threads", optarg, 1, 4096, &lv)) return 2;
                   threads = optarg; break;
         case 'p': if (s_parse_list ("pp", optarg, 1, 1 << 16, pp, &n_pp)) return 2; break;
@@ -357,6 +376,7 @@ int rx_cmd_bench (int argc, char **argv)
     }
     int status = 1, nthreads = 0;
     struct s_ctx cx = { 0 };
+    float *inv_t = NULL;   /* --sample: 1 / temperature of every row */
     struct s_result res[2 * S_MAX_LIST + 1];
     int n_res = 0;
     if (threads && rx_conf_set (b.conf, "kernels", "threads", threads, &err) != RX_OK) goto out;
@@ -369,7 +389,17 @@ int rx_cmd_bench (int argc, char **argv)
     cx.tok = malloc (ntok * sizeof *cx.tok);
     cx.logits = malloc ((size_t) max_b * (size_t) cx.V * sizeof *cx.logits);
     if (greedy) cx.ids = malloc ((size_t) max_b * sizeof *cx.ids);
-    if (!cx.tok || !cx.logits || (greedy && !cx.ids)) {
+    if (sample > 0) {
+        inv_t = malloc ((size_t) max_b * sizeof *inv_t);
+        cx.cands.probs = malloc ((size_t) max_b * (size_t) sample * sizeof *cx.cands.probs);
+        cx.cands.ids = malloc ((size_t) max_b * (size_t) sample * sizeof *cx.cands.ids);
+        if (inv_t)
+            for (int64_t i = 0; i < max_b; i++) inv_t[i] = 1.f;
+        cx.cands.inv_t = inv_t;
+        cx.cands.k = (int32_t) sample;
+    }
+    if (!cx.tok || !cx.logits || (greedy && !cx.ids) ||
+        (sample > 0 && (!inv_t || !cx.cands.probs || !cx.cands.ids))) {
         rx_err_set (&err, RX_ENOMEM, "bench: out of memory for %lld logit rows", (long long) max_b);
         goto out;
     }
@@ -417,9 +447,9 @@ int rx_cmd_bench (int argc, char **argv)
         printf (", \"engine\": ");
         s_json_str (stdout, rx_engine_describe (cx.e));
         printf (", \"threads\": %d, \"model_bytes\": %llu, \"n_params\": %llu, \"bandwidth_gbs\": %.3f, "
-                "\"reps\": %ld, \"greedy\": %s, \"tests\": [",
+                "\"reps\": %ld, \"greedy\": %s, \"sample\": %ld, \"tests\": [",
                 nthreads, (unsigned long long) mi->weight_bytes, (unsigned long long) mi->n_params, bw, reps,
-                greedy ? "true" : "false");
+                greedy ? "true" : "false", sample);
         for (int i = 0; i < n_res; i++) {
             struct s_result *r = &res[i];
             printf ("%s{\"test\": \"%s\", \"kind\": \"%s\", \"n\": %d, \"batch\": %d, \"tok_s\": %.3f, "
@@ -447,8 +477,9 @@ int rx_cmd_bench (int argc, char **argv)
             snprintf (mm, sizeof mm, "%.2f .. %.2f", r->min, r->max);
             printf ("| %-10s | %5d | %10.2f | %21s |\n", r->name, r->batch, r->med, mm);
         }
-        printf ("\nmedian of %ld runs after one warm-up; tok/s counts all sequences of a batch%s.\n", reps,
-                greedy ? "; steps return the device argmax (--greedy), not logits" : "");
+        printf ("\nmedian of %ld runs after one warm-up; tok/s counts all sequences of a batch%s%s.\n", reps,
+                greedy ? "; steps return the device argmax (--greedy), not logits" : "",
+                sample > 0 ? ", and each row's device sampling candidates (--sample)" : "");
         if (roof >= 0)
             printf ("tg roofline: %.1f MiB x %.2f tok/s / %.2f GB/s = %.2f of the read bandwidth\n",
                     mi->weight_bytes / 1048576.0, res[n_pp].med, bw, roof);
@@ -458,6 +489,9 @@ int rx_cmd_bench (int argc, char **argv)
 out:
     if (status != 0) fprintf (stderr, "radix bench: %s\n", err.msg[0] ? err.msg : "failed");
     free (cx.tok);
+    free (inv_t);
+    free (cx.cands.probs);
+    free (cx.cands.ids);
     free (cx.logits);
     free (cx.ids);
     rx_engine_destroy (&cx.e);

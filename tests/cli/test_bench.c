@@ -143,6 +143,30 @@ Test (bench, greedy_takes_the_device_argmax)
     free (m);
 }
 
+/* --sample K: --greedy plus device sampling's candidates every step. */
+Test (bench, sample_adds_the_device_candidates)
+{
+    char *m = s_shared ("data/models/tiny-llama.gguf");
+    struct tu_run r = s_radix ((char *[]) { "bench", "--model", m, "--threads", "1", "--pp", "8",
+                                            "--tg", "3", "--batch", "2", "--reps", "1",
+                                            "--bw-mib", "0", "--json", "--sample", "8", NULL });
+    cr_assert_eq (r.status, 0, "stderr: %s", r.err);
+    json_error_t je;
+    json_t *root = json_loads (r.out, 0, &je);
+    cr_assert_not_null (root, "not JSON (%s): %s", je.text, r.out);
+    cr_assert (json_is_true (json_object_get (root, "greedy")), "--sample implies --greedy: %s", r.out);
+    cr_assert_eq (json_integer_value (json_object_get (root, "sample")), 8, "%s", r.out);
+    json_t *tests = json_object_get (root, "tests");
+    cr_assert_eq (json_array_size (tests), 3, "pp8, tg3, tg3@b2: %s", r.out);
+    for (size_t i = 0; i < 3; i++)
+        cr_assert_gt (json_number_value (json_object_get (json_array_get (tests, i), "tok_s")), 0);
+    json_decref (root);
+    tu_run_free (&r);
+    s_bad ((char *[]) { "bench", "--model", m, "--sample", "0", NULL }, 2, "--sample \"0\"");
+    s_bad ((char *[]) { "bench", "--model", m, "--sample", "4097", NULL }, 2, "--sample \"4097\"");
+    free (m);
+}
+
 Test (bench, bad_options_get_one_clear_error)
 {
     char *m = s_shared ("data/models/tiny-llama.gguf");

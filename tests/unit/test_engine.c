@@ -721,6 +721,78 @@ Test (engine, forward_ids_argmax_on_the_device_and_wanted_rows_only)
     free (m);
 }
 
+/* Device sampling's candidates (rx_engine_forward_sample): for the rows
+ * with inv_t > 0, packed in row order, the k largest of softmax(logits *
+ * inv_t) over the row -- checked against the logits of a plain forward:
+ * the ids are the k best logits (the lower id first on ties), the probs
+ * the softmax computed here in double.  Rows 0 and 1 share a temperature
+ * (one softmax call), row 2 has none, row 3 another; the argmax and the
+ * wanted row still come back; the row not copied is fetched after the
+ * step with rx_engine_logits_rows. */
+Test (engine, forward_sample_candidates_are_the_softmax_top_k_of_their_rows)
+{
+    struct rx_boot b;
+    char *m = s_model ("tiny-llama.gguf");
+    rx_engine_t *e = s_engine (&b, NULL, m, 64, 16);
+    struct rx_err err = { 0 };
+    const int V = 32000, K = 16;
+    int32_t toks[4] = { 1, 450, 7483, 338 }, slots[4] = { 0, 1, 2, 3 }, pos[4] = { 0, 1, 2, 3 };
+    int32_t qs[2] = { 0, 4 }, ks[2] = { 0, 4 }, out_rows[4] = { 0, 1, 2, 3 };
+    struct rx_model_batch bt = { .struct_size = sizeof bt, .n_tokens = 4, .tokens = toks, .pos = pos,
+                                 .n_seq = 1, .q_start = qs, .kv_start = ks, .kv_slots = slots,
+                                 .n_out = 4, .out_rows = out_rows };
+    float *all = malloc (4 * V * sizeof (float)), *some = malloc (4 * V * sizeof (float));
+    cr_assert_eq (rx_engine_forward (e, &bt, all, &err), RX_OK, "%s", err.msg);
+    for (int i = 0; i < 4 * V; i++) some[i] = -7.f;
+    const float inv_t[4] = { 1.25f, 1.25f, 0.f, 0.5f };
+    const uint8_t want[4] = { 0, 0, 1, 0 };
+    float probs[3 * K];
+    int32_t cid[3 * K], ids[4];
+    const struct rx_engine_cands c = { .k = K, .inv_t = inv_t, .probs = probs, .ids = cid };
+    cr_assert_eq (rx_engine_forward_sample (e, &bt, some, want, ids, &c, &err), RX_OK, "%s", err.msg);
+    int packed = 0;
+    for (int j = 0; j < 4; j++) {
+        const float *l = all + (size_t) j * V;
+        cr_assert_eq (ids[j], rx_argmax (l, V), "row %d: the argmax still comes back", j);
+        cr_assert_eq (some[(size_t) j * V + 5], want[j] ? l[5] : -7.f, "row %d: copied only if wanted", j);
+        if (!(inv_t[j] > 0)) continue;
+        const int cr = packed++;
+        double mx = -INFINITY, sum = 0;
+        for (int i = 0; i < V; i++) mx = l[i] > mx ? l[i] : mx;
+        for (int i = 0; i < V; i++) sum += exp (((double) l[i] - mx) * inv_t[j]);
+        for (int q = 0; q < K; q++) {
+            const int32_t id = cid[cr * K + q];
+            cr_assert (id >= 0 && id < V, "row %d candidate %d: id %d", j, q, id);
+            /* exactly the q-th in (logit desc, id asc) order: q better tokens, no more */
+            int better = 0;
+            for (int i = 0; i < V; i++) better += l[i] > l[id] || (l[i] == l[id] && i < id);
+            cr_assert_eq (better, q, "row %d candidate %d (id %d) ranks %d", j, q, id, better);
+            const double p = exp (((double) l[id] - mx) * inv_t[j]) / sum;
+            cr_assert (fabs (probs[cr * K + q] - p) <= 1e-5 * p + 1e-9, "row %d candidate %d: %g, want %g", j, q,
+                       (double) probs[cr * K + q], p);
+        }
+    }
+    cr_assert_eq (packed, 3);
+    /* the rows candidates were not enough for, after the step */
+    const uint8_t more[4] = { 1, 0, 0, 1 };
+    cr_assert_eq (rx_engine_logits_rows (e, some, 4, more, &err), RX_OK, "%s", err.msg);
+    for (int j = 0; j < 4; j++)
+        for (int i = 0; i < V; i += 101)
+            cr_assert_eq (some[(size_t) j * V + i], more[j] || want[j] ? all[(size_t) j * V + i] : -7.f,
+                          "row %d logit %d", j, i);
+    cr_assert_eq (rx_engine_logits_rows (e, some, 99, more, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "logits rows"), "%s", err.msg);
+    const struct rx_engine_cands bad = { .k = K, .inv_t = inv_t, .probs = NULL, .ids = cid };
+    cr_assert_eq (rx_engine_forward_sample (e, &bt, some, want, ids, &bad, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "candidates"), "%s", err.msg);
+    cr_assert (!rx_engine_device_sampling (e), "kernels-cpu is host-visible: auto leaves it off");
+    free (all);
+    free (some);
+    rx_engine_destroy (&e);
+    rx_boot_close (&b);
+    free (m);
+}
+
 /* The appended kernel ops against an ABI 1.0 view of the same backend
  * ([kernels] ops_abi = 1.0: no appended ops): model-deepseek2 routes with
  * moe_route, and both MoE models run the experts of their decode steps
