@@ -29,7 +29,9 @@
 #                 first H200 table was measured copying the logits), then
 #                 one short run with the per-op profiler (RADIX_KCUDA_PROFILE=1, bench-*-profile.log);
 #                 for BF16 with the fast set, batch-1 decode again with the
-#                 fused projections off (RADIX_LLAMA_FUSE=0: their share).
+#                 fused projections off (RADIX_LLAMA_FUSE=0: their share);
+#                 for BF16, batched decode with device sampling candidates
+#                 (--sample 64) against copying whole rows to the host.
 # Steps 3, 4 and 6 run once per kernel set: "simple" (the defaults) and
 # "fast" ([kernels.cuda] matvec = fast, attention = tiled, and for the
 # models and the bench [scheduler] cuda_graph_max_bs = 64: decode steps
@@ -335,6 +337,22 @@ EOF
        --tg 64 --batch none --reps 3 --bw-mib 0 --greedy --json > "$OUT/bench-$t-$k-unfused.json" \
        2> "$OUT/bench-$t-$k-unfused.log"; then
     row "bench $t $k unfused" info "decode b1 $(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print("%.1f tok/s" % [r for r in j["tests"] if r["kind"] == "tg"][0]["tok_s"])' "$OUT/bench-$t-$k-unfused.json") without [model.llama] fuse_weights"
+  fi
+  # Sampled rows (docs/gpu.md, device sampling): decode with every row's
+  # 64 device candidates copied back (--sample 64) against copying whole
+  # rows (no --greedy: what sampled rows cost before), BF16 only.
+  if [ "$t" = bf16 ]; then
+    sr=""
+    for v in "cands:--sample 64" "rows:"; do
+      if timeout 120 "$B/tools/radix" bench --config "$(ini $k bench)" --model "$m" --pp none --tg 64 \
+           --batch 1,16,64 --reps 3 --bw-mib 0 ${v#*:} --json > "$OUT/bench-$t-$k-${v%%:*}.json" \
+           2> "$OUT/bench-$t-$k-${v%%:*}.log"; then
+        sr="$sr${sr:+; }${v%%:*} $(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(" ".join("b%d %.0f" % (r["batch"], r["tok_s"]) for r in j["tests"] if r["kind"] == "batch"))' "$OUT/bench-$t-$k-${v%%:*}.json")"
+      else
+        sr="$sr${sr:+; }${v%%:*} failed (bench-$t-$k-${v%%:*}.log)"
+      fi
+    done
+    row "bench $t $k sampled" info "$sr tok/s (device candidates vs whole rows to the host)"
   fi
   # Where the time goes: every op timed with CUDA events (a short run; the
   # events cost a little per op, so these are not the bench's numbers).
