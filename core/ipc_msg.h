@@ -56,7 +56,8 @@
  * History: version 2 added the sibling index to TOKENS and TEXT entries
  * (n > 1), the REQ_ERROR type and the STATS fields after gen_tps.  REQ_DONE
  * (type 11) and REQ_ABORT_SEQ (15) came later without a bump: a new type changes no layout, and
- * only processes of one build exchange it.
+ * only processes of one build exchange it.  Version 3 appended the device
+ * sampling counters to STATS (cand_rows, cand_full, cand_tail).
  *
  * Any change to a layout bumps RX_IPC_VERSION: processes of one radixd are
  * always the same build, so a version mismatch means a stale binary or a
@@ -87,7 +88,7 @@
 #include "request.h"
 
 #define RX_IPC_MAGIC      0x50495852u    /* "RXIP" as little-endian bytes */
-#define RX_IPC_VERSION    2
+#define RX_IPC_VERSION    3
 #define RX_IPC_HEADER_LEN 12
 /* Upper bound of one encoded message (a sanity limit, not a buffer size). */
 #define RX_IPC_MAX_MSG    (256u << 20)
