@@ -785,7 +785,14 @@ Test (engine, forward_sample_candidates_are_the_softmax_top_k_of_their_rows)
     const struct rx_engine_cands bad = { .k = K, .inv_t = inv_t, .probs = NULL, .ids = cid };
     cr_assert_eq (rx_engine_forward_sample (e, &bt, some, want, ids, &bad, &err), RX_EINVAL);
     cr_assert (strstr (err.msg, "candidates"), "%s", err.msg);
-    cr_assert (!rx_engine_device_sampling (e), "kernels-cpu is host-visible: auto leaves it off");
+    const struct rx_kernels_ops *KO;
+    void *kbe;
+    rx_engine_kernels (e, &KO, &kbe);
+    struct rx_kernels_info ki = { .struct_size = sizeof ki };
+    KO->info (kbe, &ki);
+    cr_assert_eq (rx_engine_device_sampling (e), !(ki.caps & RX_KCAP_HOST_VISIBLE),
+                  "auto: on exactly when the backend's memory is not host-visible (kernels-cpu: off, "
+                  "but on in guard mode)");
     free (all);
     free (some);
     rx_engine_destroy (&e);
