@@ -12,7 +12,9 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -244,6 +246,10 @@ static void *s_worker_main (void *arg)
 
 static void s_worker_start (struct s_worker *w)
 {
+    /* The router may drop a connection (a health check that timed out on a
+     * loaded box) while the fake worker writes its answer: EPIPE, not a
+     * SIGPIPE that kills the test. */
+    signal (SIGPIPE, SIG_IGN);
     memset (w, 0, sizeof *w);
     w->base = event_base_new ();
     w->http = evhttp_new (w->base);
@@ -289,7 +295,11 @@ static void s_live_start (struct s_live *L, const char *ini_body)
     char *bin = s_router_bin ();
     pid_t pid = fork ();
     if (pid == 0) {
+        /* Dies with the test, and keeps off its stdout: an orphaned router
+         * holding the TAP pipe open would hang `make check`. */
+        prctl (PR_SET_PDEATHSIG, SIGKILL);
         int fd = open (L->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2 (fd, 1);
         dup2 (fd, 2);
         execl (bin, bin, "-c", ini, (char *) NULL);
         _exit (127);
