@@ -635,6 +635,20 @@ static uint64_t s_room (const rx_sched_t *s)
     return (uint64_t) rx_kvpool_available (s->pool) + rx_radix_cache_evictable_size (s->cache);
 }
 
+/* Parallel arrays that follow one capacity: grows each *arr[i] to cap
+ * elements of size[i].  0, or -1 when any realloc failed (the ones that
+ * grew keep their new size, every array its contents). */
+static int s_grow_each (size_t cap, void **const arr[], const size_t size[], size_t n)
+{
+    int rc = 0;
+    for (size_t i = 0; i < n; i++) {
+        void *p = realloc (*arr[i], cap * size[i]);
+        if (p) *arr[i] = p;
+        else rc = -1;
+    }
+    return rc;
+}
+
 /* ------------------------------------------------------------ outputs -- */
 
 static struct rx_ipc_tok_out *s_emit (rx_sched_t *s, struct s_req *r)
@@ -642,18 +656,12 @@ static struct rx_ipc_tok_out *s_emit (rx_sched_t *s, struct s_req *r)
     size_t i = s->n_ent;
     if (rx_grow ((void **) &s->ent, &s->cap_ent, i + 1, sizeof *s->ent)) return NULL;
     /* parallel arrays follow cap_ent */
-    size_t cap = s->cap_ent;
-    uint32_t *ix = realloc (s->ent_index, cap * sizeof *ix);
-    if (ix) s->ent_index = ix;
-    int32_t *ids = realloc (s->ent_ids, cap * sizeof *ids);
-    if (ids) s->ent_ids = ids;
-    float *lp = realloc (s->ent_lp, cap * sizeof *lp);
-    if (lp) s->ent_lp = lp;
-    int32_t *ti = realloc (s->ent_top_ids, cap * RX_MAX_TOP_LOGPROBS * sizeof *ti);
-    if (ti) s->ent_top_ids = ti;
-    float *tl = realloc (s->ent_top_lp, cap * RX_MAX_TOP_LOGPROBS * sizeof *tl);
-    if (tl) s->ent_top_lp = tl;
-    if (!ix || !ids || !lp || !ti || !tl) return NULL;
+    void **const arr[] = { (void **) &s->ent_index, (void **) &s->ent_ids, (void **) &s->ent_lp,
+                           (void **) &s->ent_top_ids, (void **) &s->ent_top_lp };
+    const size_t size[] = { sizeof *s->ent_index, sizeof *s->ent_ids, sizeof *s->ent_lp,
+                            RX_MAX_TOP_LOGPROBS * sizeof *s->ent_top_ids,
+                            RX_MAX_TOP_LOGPROBS * sizeof *s->ent_top_lp };
+    if (s_grow_each (s->cap_ent, arr, size, sizeof arr / sizeof arr[0])) return NULL;
     s->n_ent++;
     struct rx_ipc_tok_out *t = &s->ent[i];
     memset (t, 0, sizeof *t);
@@ -1095,23 +1103,12 @@ static int s_forward (rx_sched_t *s, int32_t all_decode, struct rx_err *err)
     if (pos) s->b_pos = pos;
     if (n_seq + 1 > s->cap_seq) {
         cap_seq = n_seq + 64;
-        int32_t *q = realloc (s->b_q, cap_seq * sizeof *q);
-        if (q) s->b_q = q;
-        int32_t *kv = realloc (s->b_kvs, cap_seq * sizeof *kv);
-        if (kv) s->b_kvs = kv;
-        int32_t *o = realloc (s->b_out, cap_seq * sizeof *o);
-        if (o) s->b_out = o;
-        int32_t *ids = realloc (s->b_ids, cap_seq * sizeof *ids);
-        if (ids) s->b_ids = ids;
-        uint8_t *want = realloc (s->b_want, cap_seq * sizeof *want);
-        if (want) s->b_want = want;
-        float *invt = realloc (s->b_invt, cap_seq * sizeof *invt);
-        if (invt) s->b_invt = invt;
-        int32_t *crow = realloc (s->b_crow, cap_seq * sizeof *crow);
-        if (crow) s->b_crow = crow;
-        uint8_t *more = realloc (s->b_more, cap_seq * sizeof *more);
-        if (more) s->b_more = more;
-        if (!q || !kv || !o || !ids || !want || !invt || !crow || !more)
+        void **const arr[] = { (void **) &s->b_q, (void **) &s->b_kvs, (void **) &s->b_out,
+                               (void **) &s->b_ids, (void **) &s->b_want, (void **) &s->b_invt,
+                               (void **) &s->b_crow, (void **) &s->b_more };
+        const size_t size[] = { sizeof *s->b_q, sizeof *s->b_kvs, sizeof *s->b_out, sizeof *s->b_ids,
+                                sizeof *s->b_want, sizeof *s->b_invt, sizeof *s->b_crow, sizeof *s->b_more };
+        if (s_grow_each (cap_seq, arr, size, sizeof arr / sizeof arr[0]))
             return rx_err_set (err, RX_ENOMEM, "scheduler: out of memory");
         s->cap_seq = cap_seq;
     }
