@@ -62,7 +62,7 @@ struct rx_engine {
     int32_t *d_ids;               /* device [cap_out]: argmax of each output row */
     int32_t cap_out;
     /* device sampling's candidates (rx_engine_forward_sample): */
-    float *d_cand;                /* device [cap_cand][n_vocab]: softmax(logits / T) */
+    float *d_cand;                /* device [min(cap_cand, S_CAND_CHUNK)][n_vocab]: softmax(logits / T) */
     float *d_cvals;               /* device [cap_cand][k_cand] */
     int32_t *d_cidx;
     int32_t cap_cand, k_cand;
@@ -955,6 +955,11 @@ static void s_cands_free (rx_engine_t *e)
     e->cap_cand = e->k_cand = 0;
 }
 
+/* Candidate rows are computed S_CAND_CHUNK at a time: the softmax scratch
+ * is that many rows of n_vocab floats (32 MiB for a 128k vocabulary),
+ * whatever the batch. */
+#define S_CAND_CHUNK 64
+
 /* Scratch for n rows of k candidates (grow-only in rows). */
 static int s_cands_room (rx_engine_t *e, int32_t n, int32_t k, struct rx_err *err)
 {
@@ -964,7 +969,8 @@ static int s_cands_room (rx_engine_t *e, int32_t n, int32_t k, struct rx_err *er
     s_cands_free (e);
     const size_t V = (size_t) e->info.n_vocab;
     void *d = NULL, *dv = NULL, *di = NULL;
-    int rc = e->K->alloc (e->be, (size_t) n * V * sizeof (float), 0, &d, err);
+    const size_t chunk = n < S_CAND_CHUNK ? (size_t) n : S_CAND_CHUNK;
+    int rc = e->K->alloc (e->be, chunk * V * sizeof (float), 0, &d, err);
     if (rc == RX_OK) rc = e->K->alloc (e->be, (size_t) n * (size_t) k * sizeof (float), 0, &dv, err);
     if (rc == RX_OK) rc = e->K->alloc (e->be, (size_t) n * (size_t) k * sizeof (int32_t), 0, &di, err);
     e->d_cand = d;
@@ -981,9 +987,9 @@ static int s_cands_room (rx_engine_t *e, int32_t n, int32_t k, struct rx_err *er
 
 /* The candidates of c->inv_t's rows (see rx_engine_forward_sample): each
  * row copied, softmax(row * inv_t) over the vocabulary (one call per run
- * of adjacent rows at the same temperature), then the k largest of every
- * candidate row in one topk, copied to the host (synchronized by the
- * caller). */
+ * of adjacent rows at the same temperature), then the k largest of a
+ * chunk's rows in one topk; the whole result copied to the host
+ * (synchronized by the caller). */
 static int s_cands (rx_engine_t *e, int32_t n_out, const struct rx_engine_cands *c, struct rx_err *err)
 {
     const size_t V = (size_t) e->info.n_vocab;
@@ -993,21 +999,26 @@ static int s_cands (rx_engine_t *e, int32_t n_out, const struct rx_engine_cands 
     const int32_t k = c->k < 1 ? 1 : (size_t) c->k > V ? (int32_t) V : c->k;
     int rc = s_cands_room (e, n, k, err);
     if (rc != RX_OK) return rc;
-    int32_t row = 0;
+    int32_t done = 0, row = 0;   /* rows through topk; rows in the chunk */
     for (int32_t j = 0; j < n_out && rc == RX_OK;) {
         if (!(c->inv_t[j] > 0)) {
             j++;
             continue;
         }
         int32_t m = j + 1;
-        while (m < n_out && c->inv_t[m] == c->inv_t[j]) m++;
+        while (m < n_out && m - j < S_CAND_CHUNK - row && c->inv_t[m] == c->inv_t[j]) m++;
         float *dst = e->d_cand + (size_t) row * V;
         rc = e->K->copy2d (e->be, NULL, e->d_logits + (size_t) j * V, V, dst, V, (size_t) (m - j), V, err);
         if (rc == RX_OK) rc = e->K->softmax (e->be, NULL, dst, V, (size_t) (m - j), V, c->inv_t[j], err);
         row += m - j;
         j = m;
+        if (rc == RX_OK && (row == S_CAND_CHUNK || done + row == n)) {
+            rc = e->K->topk (e->be, NULL, e->d_cand, V, (size_t) row, V, (size_t) k,
+                             e->d_cvals + (size_t) done * (size_t) k, e->d_cidx + (size_t) done * (size_t) k, err);
+            done += row;
+            row = 0;
+        }
     }
-    if (rc == RX_OK) rc = e->K->topk (e->be, NULL, e->d_cand, V, (size_t) n, V, (size_t) k, e->d_cvals, e->d_cidx, err);
     if (rc == RX_OK) rc = e->K->copy_d2h (e->be, NULL, c->probs, e->d_cvals, (size_t) n * (size_t) k * sizeof (float), err);
     if (rc == RX_OK) rc = e->K->copy_d2h (e->be, NULL, c->ids, e->d_cidx, (size_t) n * (size_t) k * sizeof (int32_t), err);
     return rc;

@@ -729,6 +729,27 @@ Test (engine, forward_ids_argmax_on_the_device_and_wanted_rows_only)
  * (one softmax call), row 2 has none, row 3 another; the argmax and the
  * wanted row still come back; the row not copied is fetched after the
  * step with rx_engine_logits_rows. */
+/* Candidate row cr of (probs, cid) against row l of a plain forward's
+ * logits: exactly the K best ids in (logit desc, id asc) order, with the
+ * softmax at inv_t computed here in double. */
+static void s_check_cands (const float *l, int V, float inv_t, const float *probs, const int32_t *cid, int K,
+                           int j)
+{
+    double mx = -INFINITY, sum = 0;
+    for (int i = 0; i < V; i++) mx = l[i] > mx ? l[i] : mx;
+    for (int i = 0; i < V; i++) sum += exp (((double) l[i] - mx) * inv_t);
+    for (int q = 0; q < K; q++) {
+        const int32_t id = cid[q];
+        cr_assert (id >= 0 && id < V, "row %d candidate %d: id %d", j, q, id);
+        int better = 0;   /* exactly the q-th: q better tokens, no more */
+        for (int i = 0; i < V; i++) better += l[i] > l[id] || (l[i] == l[id] && i < id);
+        cr_assert_eq (better, q, "row %d candidate %d (id %d) ranks %d", j, q, id, better);
+        const double p = exp (((double) l[id] - mx) * inv_t) / sum;
+        cr_assert (fabs (probs[q] - p) <= 1e-5 * p + 1e-9, "row %d candidate %d: %g, want %g", j, q,
+                   (double) probs[q], p);
+    }
+}
+
 Test (engine, forward_sample_candidates_are_the_softmax_top_k_of_their_rows)
 {
     struct rx_boot b;
@@ -757,20 +778,7 @@ Test (engine, forward_sample_candidates_are_the_softmax_top_k_of_their_rows)
         cr_assert_eq (some[(size_t) j * V + 5], want[j] ? l[5] : -7.f, "row %d: copied only if wanted", j);
         if (!(inv_t[j] > 0)) continue;
         const int cr = packed++;
-        double mx = -INFINITY, sum = 0;
-        for (int i = 0; i < V; i++) mx = l[i] > mx ? l[i] : mx;
-        for (int i = 0; i < V; i++) sum += exp (((double) l[i] - mx) * inv_t[j]);
-        for (int q = 0; q < K; q++) {
-            const int32_t id = cid[cr * K + q];
-            cr_assert (id >= 0 && id < V, "row %d candidate %d: id %d", j, q, id);
-            /* exactly the q-th in (logit desc, id asc) order: q better tokens, no more */
-            int better = 0;
-            for (int i = 0; i < V; i++) better += l[i] > l[id] || (l[i] == l[id] && i < id);
-            cr_assert_eq (better, q, "row %d candidate %d (id %d) ranks %d", j, q, id, better);
-            const double p = exp (((double) l[id] - mx) * inv_t[j]) / sum;
-            cr_assert (fabs (probs[cr * K + q] - p) <= 1e-5 * p + 1e-9, "row %d candidate %d: %g, want %g", j, q,
-                       (double) probs[cr * K + q], p);
-        }
+        s_check_cands (l, V, inv_t[j], probs + cr * K, cid + cr * K, K, j);
     }
     cr_assert_eq (packed, 3);
     /* the rows candidates were not enough for, after the step */
@@ -795,6 +803,49 @@ Test (engine, forward_sample_candidates_are_the_softmax_top_k_of_their_rows)
                   "but on in guard mode)");
     free (all);
     free (some);
+    rx_engine_destroy (&e);
+    rx_boot_close (&b);
+    free (m);
+}
+
+/* More candidate rows than the engine computes at once (64 a chunk):
+ * 75 one-token sequences, a temperature run that crosses the chunk
+ * boundary, rows without candidates inside it; every candidate row is its
+ * own softmax top-k, packed in row order. */
+Test (engine, forward_sample_candidates_across_chunks)
+{
+    struct rx_boot b;
+    char *m = s_model ("tiny-llama.gguf");
+    enum { N = 75, K = 4 };
+    rx_engine_t *e = s_engine (&b, NULL, m, 128, 128);
+    struct rx_err err = { 0 };
+    const int V = 32000;
+    int32_t toks[N], slots[N], pos[N], qs[N + 1], ks[N + 1], out_rows[N], ids[N];
+    float inv_t[N];
+    for (int i = 0; i < N; i++) {
+        toks[i] = 100 + 37 * i;
+        slots[i] = qs[i] = ks[i] = out_rows[i] = i;
+        pos[i] = 0;
+        inv_t[i] = i == 5 || i == 66 ? 0.f : i < 70 ? 1.f : 2.5f;
+    }
+    qs[N] = ks[N] = N;
+    struct rx_model_batch bt = { .struct_size = sizeof bt, .n_tokens = N, .tokens = toks, .pos = pos,
+                                 .n_seq = N, .q_start = qs, .kv_start = ks, .kv_slots = slots,
+                                 .n_out = N, .out_rows = out_rows };
+    float *all = malloc ((size_t) N * V * sizeof (float));
+    static float probs[N * K];
+    static int32_t cid[N * K];
+    cr_assert_eq (rx_engine_forward (e, &bt, all, &err), RX_OK, "%s", err.msg);
+    const struct rx_engine_cands c = { .k = K, .inv_t = inv_t, .probs = probs, .ids = cid };
+    cr_assert_eq (rx_engine_forward_sample (e, &bt, NULL, NULL, ids, &c, &err), RX_OK, "%s", err.msg);
+    int packed = 0;
+    for (int j = 0; j < N; j++) {
+        if (!(inv_t[j] > 0)) continue;
+        const int cr = packed++;
+        s_check_cands (all + (size_t) j * V, V, inv_t[j], probs + cr * K, cid + cr * K, K, j);
+    }
+    cr_assert_eq (packed, N - 2);
+    free (all);
     rx_engine_destroy (&e);
     rx_boot_close (&b);
     free (m);
