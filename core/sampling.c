@@ -184,6 +184,45 @@ static uint64_t *s_radix_sort (uint64_t *a, uint64_t *tmp, int32_t n, uint32_t h
     return src;
 }
 
+/* The cuts and the draw over candidates sorted best first, val their
+ * (unnormalised) probabilities: shared by the whole-row sampler and the
+ * device-candidate one, so both cut and draw alike. */
+
+/* The shortest prefix of val[0..n) whose share of sum reaches top_p: its
+ * length, or 0 when none does. */
+static int32_t s_top_p_cut (const float *val, int32_t n, double sum, float top_p)
+{
+    double acc = 0;
+    for (int32_t i = 0; i < n; i++) {
+        acc += val[i] / sum;
+        if (acc >= top_p) return i + 1;
+    }
+    return 0;
+}
+
+/* The prefix of val[0..keep) (keep >= 1) at least min_p times val[0]. */
+static int32_t s_min_p_cut (const float *val, int32_t keep, float min_p)
+{
+    int32_t j = 1;
+    while (j < keep && val[j] >= min_p * val[0]) j++;
+    return j;
+}
+
+/* idx[i] with probability val[i] / sum(val[0..keep)), for a uniform u in
+ * [0, 1), walking best first. */
+static int32_t s_draw_kept (const float *val, const int32_t *idx, int32_t keep, double u)
+{
+    double tot = 0;
+    for (int32_t i = 0; i < keep; i++) tot += val[i];
+    const double r = u * tot;
+    double acc = 0;
+    for (int32_t i = 0; i < keep; i++) {
+        acc += val[i];
+        if (r < acc) return idx[i];
+    }
+    return idx[keep - 1];
+}
+
 int32_t rx_sampler_sample (rx_sampler_t *s, const float *logits)
 {
     return rx_sampler_sample_with (s, &s->p, &s->state, logits);
@@ -253,30 +292,12 @@ int32_t rx_sampler_sample_with (rx_sampler_t *s, const struct rx_sampling *p, ui
     }
     int32_t keep = n;
     if (p->top_p < 1) {
-        double acc = 0;
-        for (int32_t i = 0; i < n; i++) {
-            acc += s->val[i] / sum;
-            if (acc >= p->top_p) {
-                keep = i + 1;
-                break;
-            }
-        }
+        const int32_t cut = s_top_p_cut (s->val, n, sum, p->top_p);
+        if (cut) keep = cut;
     }
-    if (p->min_p > 0) {
-        /* sorted: val[0] is the best (exp(0) = 1). */
-        int32_t j = 1;
-        while (j < keep && s->val[j] >= p->min_p * s->val[0]) j++;
-        keep = j;
-    }
-    double tot = 0;
-    for (int32_t i = 0; i < keep; i++) tot += s->val[i];
-    double r = s_uniform (state) * tot;
-    double acc = 0;
-    for (int32_t i = 0; i < keep; i++) {
-        acc += s->val[i];
-        if (r < acc) return s->idx[i];
-    }
-    return s->idx[keep - 1];
+    /* sorted: val[0] is the best (exp(0) = 1). */
+    if (p->min_p > 0) keep = s_min_p_cut (s->val, keep, p->min_p);
+    return s_draw_kept (s->val, s->idx, keep, s_uniform (state));
 }
 
 /* ---- drawing from a device's candidates (see sampling.h) ------------------ */
@@ -305,50 +326,33 @@ int32_t rx_sampler_sample_cands (const struct rx_sampling *p, uint64_t *state, c
         if (tk > k) return RX_CANDS_FULL;
         if (tk < keep) keep = tk;
         if (p->top_p < 1) {   /* over the top_k: their own softmax */
-            double tot = 0, acc = 0;
+            double tot = 0;
             for (int32_t i = 0; i < keep; i++) tot += probs[i];
-            for (int32_t i = 0; i < keep; i++) {
-                acc += probs[i] / tot;
-                if (acc >= p->top_p) {
-                    keep = i + 1;
-                    break;
-                }
-            }
+            const int32_t cut = s_top_p_cut (probs, keep, tot, p->top_p);
+            if (cut) keep = cut;
         }
     } else if (p->top_p < 1) {   /* over the row: its probabilities sum to 1 */
-        double acc = 0;
-        int32_t cut = 0;
-        for (int32_t i = 0; i < n && !cut; i++) {
-            acc += probs[i];
-            if (acc >= p->top_p) cut = i + 1;
-        }
+        const int32_t cut = s_top_p_cut (probs, n, 1.0, p->top_p);
         if (!cut && !whole) return RX_CANDS_FULL;
         keep = cut ? cut : n;   /* whole: short of top_p by rounding only */
     }
     if (p->min_p > 0) {
-        int32_t j = 1;
-        while (j < keep && probs[j] >= p->min_p * probs[0]) j++;
+        const int32_t j = s_min_p_cut (probs, keep, p->min_p);
         /* Every candidate passed and nothing else cut: the cut may lie
          * past the candidates. */
         if (j == keep && !tk && p->top_p >= 1 && !whole) return RX_CANDS_FULL;
         keep = j;
     }
-    double tot = 0, acc = 0;
     if (!tk && p->top_p >= 1 && p->min_p <= 0 && !whole) {
         /* Plain sampling: the row's mass is 1, the candidates hold part. */
+        double acc = 0;
         for (int32_t i = 0; i < keep; i++) {
             acc += probs[i];
             if (u < acc) return ids[i];
         }
         return RX_CANDS_TAIL;
     }
-    for (int32_t i = 0; i < keep; i++) tot += probs[i];
-    const double r = u * tot;
-    for (int32_t i = 0; i < keep; i++) {
-        acc += probs[i];
-        if (r < acc) return ids[i];
-    }
-    return ids[keep - 1];
+    return s_draw_kept (probs, ids, keep, u);
 }
 
 /* ---- penalties, logit masks, log probabilities ---------------------------- */
