@@ -25,6 +25,8 @@ struct rx_kgraphs {
     uint64_t clock, launches;
     int capturing;
     struct s_graph cap;           /* the capture in progress */
+    int launching;                /* a launch is running its records (host_fn may call back) */
+    int clear_pending;            /* rx_kgraphs_clear during a launch: done when it ends */
 };
 
 static void s_graph_free (struct s_graph *g)
@@ -69,6 +71,9 @@ void rx_kgraphs_destroy (rx_kgraphs_t **self_p)
 
 int rx_kgraphs_begin (rx_kgraphs_t *g, uint64_t key, struct rx_err *err)
 {
+    if (g->launching)
+        return rx_err_set (err, RX_EINVAL, "kernels-cpu graph_begin %llu: called from inside a "
+                           "graph launch (a host_fn cannot capture)", (unsigned long long) key);
     if (g->capturing)
         return rx_err_set (err, RX_EINVAL, "kernels-cpu graph_begin %llu: graph %llu is being "
                            "captured", (unsigned long long) key, (unsigned long long) g->cap.key);
@@ -163,17 +168,25 @@ int rx_kgraphs_launch (rx_kgraphs_t *g, void *be, rx_kstream_t *s, uint64_t key,
     if (g->capturing)
         return rx_err_set (err, RX_EINVAL, "kernels-cpu graph_launch %llu: graph %llu is being "
                            "captured", (unsigned long long) key, (unsigned long long) g->cap.key);
+    if (g->launching)
+        return rx_err_set (err, RX_EINVAL, "kernels-cpu graph_launch %llu: called from inside a "
+                           "graph launch (a host_fn cannot launch)", (unsigned long long) key);
     struct s_graph *gr = s_find (g, key);
     if (!gr)
         return rx_err_set (err, RX_ENOENT, "kernels-cpu graph_launch: graph %llu was not "
                            "captured (or was dropped): capture it again", (unsigned long long) key);
     gr->used = ++g->clock;
     g->launches++;
-    for (size_t i = 0; i < gr->n_recs; i++) {
-        int rc = gr->recs[i].fn (be, s, gr->arena + gr->recs[i].off, err);
-        if (rc != RX_OK) return rc;
-    }
-    return RX_OK;
+    /* A record may be a host_fn that calls the backend's ops: they run
+     * (nothing is being captured), but a free inside it must not drop the
+     * graph under this loop (clear waits for the end of the launch). */
+    g->launching = 1;
+    int rc = RX_OK;
+    for (size_t i = 0; i < gr->n_recs && rc == RX_OK; i++)
+        rc = gr->recs[i].fn (be, s, gr->arena + gr->recs[i].off, err);
+    g->launching = 0;
+    if (g->clear_pending) rx_kgraphs_clear (g);
+    return rc;
 }
 
 int rx_kgraphs_has (const rx_kgraphs_t *g, uint64_t key)
@@ -184,6 +197,11 @@ int rx_kgraphs_has (const rx_kgraphs_t *g, uint64_t key)
 void rx_kgraphs_clear (rx_kgraphs_t *g)
 {
     if (!g) return;
+    if (g->launching) {
+        g->clear_pending = 1;
+        return;
+    }
+    g->clear_pending = 0;
     for (size_t i = 0; i < g->max; i++) {
         s_graph_free (&g->g[i]);
         g->live[i] = 0;

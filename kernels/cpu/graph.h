@@ -9,7 +9,9 @@
  * of its arguments), graph_launch runs the records in order.  So a model's
  * graph path -- what it captures, that every value a step varies reaches
  * the replay through device memory, and when it must capture again -- is
- * tested without a GPU.  No speed-up: the CPU runs the same ops.
+ * tested without a GPU.  No speed-up: the CPU runs the same ops.  A
+ * host_fn (ABI 1.4) is a record too: its function runs at every launch and
+ * may call the backend's ops then (comm-shm's captured collectives).
  *
  * Not thread-safe: one instance per backend, driven by its one thread. */
 #ifndef RX_KCPU_GRAPH_H
@@ -32,7 +34,8 @@ rx_kgraphs_t *rx_kgraphs_new (size_t max_graphs, struct rx_err *err);
 void rx_kgraphs_destroy (rx_kgraphs_t **self_p);
 
 /* Starts capturing graph key (replacing it if it exists at end).
- * RX_EINVAL when a capture is already in progress. */
+ * RX_EINVAL when a capture is already in progress, or from inside a
+ * launch (a recorded host_fn). */
 int rx_kgraphs_begin (rx_kgraphs_t *g, uint64_t key, struct rx_err *err);
 /* 1 while a capture is in progress (its key in *key when key is not NULL). */
 int rx_kgraphs_capturing (const rx_kgraphs_t *g, uint64_t *key);
@@ -45,12 +48,16 @@ int rx_kgraphs_end (rx_kgraphs_t *g, uint64_t key, struct rx_err *err);
 /* Drops a capture in progress (an op that cannot be captured was issued). */
 void rx_kgraphs_abort (rx_kgraphs_t *g);
 /* Runs graph key's records in order on stream s; the first error stops it.
- * RX_ENOENT when key was never captured (or was dropped). */
+ * RX_ENOENT when key was never captured (or was dropped); RX_EINVAL from
+ * inside a launch.  A record may call back into the backend (host_fn):
+ * its ops run, as nothing is being captured. */
 int rx_kgraphs_launch (rx_kgraphs_t *g, void *be, rx_kstream_t *s, uint64_t key,
                        struct rx_err *err);
 int rx_kgraphs_has (const rx_kgraphs_t *g, uint64_t key);
 /* Drops every graph (device memory was freed: a graph may point into it,
- * as kernels-cuda invalidates them).  A capture in progress stays. */
+ * as kernels-cuda invalidates them).  A capture in progress stays.  Called
+ * during a launch (a host_fn freed memory), it drops them when the launch
+ * ends. */
 void rx_kgraphs_clear (rx_kgraphs_t *g);
 /* Graphs kept, records replayed since creation (for tests and the log). */
 size_t rx_kgraphs_count (const rx_kgraphs_t *g);

@@ -1314,6 +1314,58 @@ S_NOT_IN_GRAPH (copy_d2h, (void *be, rx_kstream_t *s, void *dst, const void *src
 S_NOT_IN_GRAPH (weight_load, (void *be, const struct rx_weight_view *v, rx_kweight_t **w, struct rx_err *err),
                 (be, v, w, err))
 
+/* host_fn (ABI 1.4).  Streams are synchronous, so outside a capture fn
+ * runs at once on a copy of arg; during one it becomes a record that calls
+ * fn at every launch, each time on a fresh copy of the capture's bytes (a
+ * fn that writes its argument does not change the next launch's).  fn runs
+ * as host code, outside rx_kguard_open: in guard mode device memory stays
+ * inaccessible to it, and the backend ops it calls (copy_d2h, synchronize:
+ * comm-shm's collectives) open the guard themselves.  At a launch nothing
+ * is being captured, so those ops run (graph.c keeps the launch safe from a
+ * free inside fn). */
+struct r_host_fn {
+    void (*fn) (void *arg);
+    size_t bytes;
+    _Alignas (16) unsigned char arg[RX_KHOST_FN_MAX_ARG];
+};
+
+static int r_host_fn (void *be, rx_kstream_t *s, const void *p_, struct rx_err *err)
+{
+    (void) be;
+    (void) s;
+    (void) err;
+    const struct r_host_fn *a = p_;
+    _Alignas (16) unsigned char arg[RX_KHOST_FN_MAX_ARG];
+    memcpy (arg, a->arg, a->bytes);
+    a->fn (arg);
+    return RX_OK;
+}
+
+static int x_host_fn (void *be, rx_kstream_t *s, void (*fn) (void *arg), const void *arg,
+                      size_t arg_bytes, struct rx_err *err)
+{
+    struct rx_kcpu *k = be;
+    if (!k) return rx_err_set (err, RX_EINVAL, "kernels-cpu host_fn: no backend");
+    if (s && s->magic != S_STREAM_MAGIC)
+        return rx_err_set (err, RX_EINVAL, "kernels-cpu host_fn: bad stream");
+    if (!fn) return rx_err_set (err, RX_EINVAL, "kernels-cpu host_fn: NULL fn");
+    if (arg_bytes > RX_KHOST_FN_MAX_ARG)
+        return rx_err_set (err, RX_EINVAL, "kernels-cpu host_fn: arg_bytes %zu is over "
+                           "RX_KHOST_FN_MAX_ARG (%d)", arg_bytes, RX_KHOST_FN_MAX_ARG);
+    if (arg_bytes && !arg)
+        return rx_err_set (err, RX_EINVAL, "kernels-cpu host_fn: NULL arg with arg_bytes %zu",
+                           arg_bytes);
+    struct r_host_fn a;
+    a.fn = fn;
+    a.bytes = arg_bytes;
+    if (arg_bytes) memcpy (a.arg, arg, arg_bytes);
+    if (rx_kgraphs_capturing (k->graphs, NULL))
+        return rx_kgraphs_record (k->graphs, r_host_fn, &a, offsetof (struct r_host_fn, arg) + arg_bytes,
+                                  err);
+    fn (a.arg);
+    return RX_OK;
+}
+
 /* ------------------------------------------------------------ the table -- */
 
 static const struct rx_kernels_ops s_ops = {
@@ -1357,6 +1409,7 @@ static const struct rx_kernels_ops s_ops = {
     .gather_rows = x_gather_rows,
     .matmul_grouped = x_matmul_grouped,
     .moe_combine = x_moe_combine,
+    .host_fn = x_host_fn,
 };
 
 RX_PLUGIN_DEFINE (.kind = RX_KIND_KERNELS, .name = "cpu", .version = S_VERSION,

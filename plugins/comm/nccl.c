@@ -53,6 +53,7 @@ struct nc {
     struct rx_err why;            /* first error */
     unsigned long long opno;
     int inflight;
+    int capturable;               /* NCCL >= 2.9.6: collectives are captured by CUDA graphs */
 };
 
 struct rx_comm_req {
@@ -294,6 +295,8 @@ static int s_create (const struct rx_host *host, const struct rx_comm_params *p,
     c->device = p->device;
     c->timeout_s = p->timeout_s;
     snprintf (c->group, sizeof c->group, "%.64s", g);
+    int nver = 0;   /* NCCL_VERSION_CODE of the library loaded, e.g. 21805 for 2.18.5 */
+    c->capturable = ncclGetVersion (&nver) == ncclSuccess && nver >= 20906;
     if ((ce = cudaMalloc ((void **) &c->scratch, sizeof (int))) != cudaSuccess) {
         c->scratch = NULL;
         s_destroy (c);
@@ -446,6 +449,14 @@ static int s_check (void *comm, struct rx_err *err)
     return RX_OK;
 }
 
+/* CUDA captures NCCL's kernels natively (NCCL >= 2.9.6), barrier excepted:
+ * it waits for its all_reduce on the host. */
+static int s_graph_capturable (void *comm)
+{
+    const struct nc *c = comm;
+    return c && c->capturable;
+}
+
 static const struct rx_comm_ops s_ops = {
     .struct_size = sizeof (struct rx_comm_ops),
     .create = s_create,
@@ -459,6 +470,7 @@ static const struct rx_comm_ops s_ops = {
     .start = s_start,
     .wait = s_wait,
     .check = s_check,
+    .graph_capturable = s_graph_capturable,
 };
 
 RX_PLUGIN_DEFINE (.kind = RX_KIND_COMM, .name = "nccl", .version = "1.0",

@@ -54,6 +54,19 @@
  * reason and wakes everyone: every rank fails at once, and every later call
  * fails immediately with the same message.
  *
+ * Graphs (ABI 1.4).  On a synchronous backend with host_fn (kernels-cpu)
+ * every blocking collective but all_to_all_v is issued as a host_fn on its
+ * stream, a closure of the instance and the op (by value): outside a
+ * capture it runs at once, as before; during a graph capture the backend
+ * records it and runs it at every launch (graph_capturable = 1).  The
+ * closure runs s_run on the driving thread, so everything that changes per
+ * call -- the op number and name of messages, the buffer parity -- is taken
+ * when it runs, and eager collectives between launches interleave safely.
+ * A launched collective cannot return its error (the launch has no way to):
+ * like every failure it breaks the group, and check() and every later call
+ * report it.  Started ops and all_to_all_v (its count arrays are read when
+ * it runs) stay uncapturable; on CUDA backends comm-shm never defers.
+ *
  * Thread-safety: one thread drives an instance (comm.h); the progress
  * thread is internal. */
 #include <errno.h>
@@ -150,6 +163,13 @@ struct shm {
     int broken;
     int bcode;
     uint64_t hang_op;                 /* RADIX_TEST_COMM_HANG (tests only): this rank stops at op #hang_op; 0 = never */
+    /* Graph capture (see "Graphs" at the top): blocking collectives go
+     * through kops->host_fn; the last one that ran leaves its result here
+     * (driving thread only). */
+    int defer;
+    int d_ran;                        /* s_deferred ran since the issue (eager) */
+    int d_rc;
+    struct rx_err d_err;
     char bmsg[RX_ERR_MSG_MAX + 96];    /* "comm-shm <group>: <reason>" (cut to rx_err's size) */
 
     /* Overlap (see the top): all below under mu once thr_on, except
@@ -887,6 +907,14 @@ static int s_create (const struct rx_host *host, const struct rx_comm_params *p,
     c->buf_size = (size_t) bs & ~(size_t) 63;
     c->fd = -1;
     c->opname = "create";
+    /* Defer blocking collectives through host_fn (graph capture) on a
+     * synchronous backend that has it (see "Graphs" at the top). */
+    if (c->kops && RX_HAS (struct rx_kernels_ops, c->kops, host_fn) && c->kops->info) {
+        struct rx_kernels_info ki;
+        memset (&ki, 0, sizeof ki);
+        ki.struct_size = sizeof ki;
+        if (c->kops->info (c->kbe, &ki) == RX_OK && !(ki.caps & RX_KCAP_ASYNC)) c->defer = 1;
+    }
 
     double t0 = s_now (), deadline = c->timeout_s > 0 ? t0 + c->timeout_s : 0;
     int rc;
@@ -1091,11 +1119,49 @@ static void s_drain (struct shm *c)
 
 /* ---- ops table ----------------------------------------------------------- */
 
-/* A blocking collective: after the started ops, on the caller's thread. */
+/* A deferred blocking collective (host_fn's argument, copied by the
+ * backend; the op by value: its buffers are device pointers, its stream a
+ * handle, nothing points into the caller's frame). */
+struct s_closure {
+    struct shm *c;
+    struct rx_comm_op op;
+};
+_Static_assert (sizeof (struct s_closure) <= RX_KHOST_FN_MAX_ARG, "host_fn copies at most RX_KHOST_FN_MAX_ARG bytes");
+
+/* Runs a deferred collective: now (eager) or at a graph launch.  The same
+ * path as a plain blocking call; the result stays in the instance. */
+static void s_deferred (void *arg)
+{
+    const struct s_closure *cl = arg;
+    struct shm *c = cl->c;
+    s_drain (c);
+    memset (&c->d_err, 0, sizeof c->d_err);
+    c->d_rc = s_run (c, &cl->op, &c->d_err);
+    c->d_ran = 1;
+}
+
+/* A blocking collective: after the started ops, on the caller's thread --
+ * or, with a graph-capable backend, through host_fn (see the top). */
 static int s_go (void *comm, const struct rx_comm_op *op, struct rx_err *err)
 {
     struct shm *c = comm;
     if (!c) return rx_err_set (err, RX_EINVAL, "comm-shm: NULL instance");
+    if (c->defer && op->kind != RX_COMM_ALL_TO_ALL_V) {
+        struct s_closure cl = { .c = c, .op = *op };
+        struct rx_err e = { 0 };
+        c->d_ran = 0;
+        int rc = c->kops->host_fn (c->kbe, op->stream, s_deferred, &cl, sizeof cl, &e);
+        if (rc != RX_OK) {
+            /* never ran: the peers would wait for this rank */
+            s_drain (c);
+            return s_break (c, err, rc, "rank %d: %s: host_fn: %s", c->rank,
+                            s_kind_name (op->kind), e.msg);
+        }
+        if (!c->d_ran) return RX_OK;          /* recorded into a graph */
+        c->d_ran = 0;
+        if (c->d_rc != RX_OK) rx_err_set (err, c->d_rc, "%s", c->d_err.msg);
+        return c->d_rc;
+    }
     s_drain (c);
     return s_run (c, op, err);
 }
@@ -1186,6 +1252,12 @@ static int s_check (void *comm, struct rx_err *err)
     return RX_OK;
 }
 
+static int s_graph_capturable (void *comm)
+{
+    const struct shm *c = comm;
+    return c && c->defer;
+}
+
 static const struct rx_comm_ops s_ops = {
     .struct_size = sizeof (struct rx_comm_ops),
     .create = s_create,
@@ -1199,6 +1271,7 @@ static const struct rx_comm_ops s_ops = {
     .start = s_start,
     .wait = s_wait,
     .check = s_check,
+    .graph_capturable = s_graph_capturable,
 };
 
 RX_PLUGIN_DEFINE (.kind = RX_KIND_COMM, .name = "shm", .version = "1.0",

@@ -48,7 +48,7 @@ Test (radixd, version)
     char *argv[] = { (char *) tu_env ("RADIXD"), "--version", NULL };
     struct tu_run r = tu_run_env (argv, NULL);
     cr_assert_eq (r.status, 0);
-    cr_assert (strstr (r.out, "plugin ABI 1.3"), "%s", r.out);
+    cr_assert (strstr (r.out, "plugin ABI 1.4"), "%s", r.out);
     tu_run_free (&r);
 }
 
@@ -133,7 +133,7 @@ Test (radixd, incompatible_plugin_named_in_config)
 {
     struct tu_run r = s_radixd ("[scheduler]\npolicy = badmajor\n", "--check-config", NULL);
     EXPECT_ONE_LINE_FAILURE (r, "t.ini:4 [scheduler]", "policy = \"badmajor\"", "sched-badmajor.so",
-                             "ABI major mismatch", "plugin ABI 2.0, radixd ABI 1.3");
+                             "ABI major mismatch", "plugin ABI 2.0, radixd ABI 1.4");
     tu_run_free (&r);
     r = s_radixd ("[scheduler]\npolicy = ../etc/x\n", "--check-config", NULL);
     EXPECT_ONE_LINE_FAILURE (r, "t.ini:4 [scheduler]", "invalid schedule policy name");
@@ -145,7 +145,7 @@ Test (radixd, list_plugins)
     struct tu_run r = s_radixd ("", "--list-plugins", NULL);
     cr_assert_eq (r.status, 0, "stderr: %s", r.err);
     const char *want[] = { "KIND", "scheduler  fcfs", "scheduler  lpm", "scheduler  random",
-                           "sched-fcfs.so", "scheduler  good             1.2.3    1.3",
+                           "sched-fcfs.so", "scheduler  good             1.2.3    1.4",
                            "refused:", "ABI major mismatch" };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
         cr_assert (strstr (r.out, want[i]), "list lacks \"%s\":\n%s", want[i], r.out);
@@ -176,7 +176,7 @@ Test (radixd, check_plugin)
     char *bad = tu_path (tu_env ("RX_FIXTURE_DIR"), "sched-newerminor.so");
     char *argv[] = { (char *) tu_env ("RADIXD"), "--check-plugin", bad, NULL };
     struct tu_run r = tu_run_env (argv, NULL);
-    EXPECT_ONE_LINE_FAILURE (r, "sched-newerminor.so", "plugin ABI 1.4, radixd ABI 1.3");
+    EXPECT_ONE_LINE_FAILURE (r, "sched-newerminor.so", "plugin ABI 1.5, radixd ABI 1.4");
     tu_run_free (&r);
     char *good = tu_path (tu_env ("RX_FIXTURE_DIR"), "sched-good.so");
     argv[2] = good;

@@ -10,7 +10,9 @@
  * (start() returns at once although the peer is 0.2 s late), a blocking call
  * after a start keeps the order, no thread without start(), too many started
  * ops, a peer that dies or hangs under started ops, destroy with an op in
- * flight. */
+ * flight.  Graphs (ABI 1.4): on kernels-cpu with emulated graphs, blocking
+ * collectives captured into a graph run at every launch (eager ones in
+ * between), a peer dead before a launch, graph_capturable. */
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <errno.h>
@@ -25,6 +27,7 @@
 #include <unistd.h>
 
 #include <radix/comm.h>
+#include <radix/plugin.h>
 
 #include "conf.h"
 #include "loader.h"
@@ -1117,5 +1120,267 @@ Test (comm_shm, stale_segment_is_replaced)
     fputs ("junk left by a crashed run", f);
     fclose (f);
     s_run_ranks (&e, 3, 10, s_barrier_rank, NULL);
+    s_close (&e);
+}
+
+/* ---- graph capture (ABI 1.4) ---------------------------------------------- */
+
+/* kernels-cpu with emulated graphs ([kernels.cpu] graphs = true) as the
+ * backend: comm-shm issues its blocking collectives through host_fn, so a
+ * capture records them and every launch runs them (comm.h
+ * graph_capturable).  The plugin is loaded in the parent; ranks fork. */
+struct kenv {
+    rx_loader_t *l;
+    rx_conf_t *conf;
+    rx_plugin_t *pl;
+    const struct rx_kernels_ops *K;
+    const struct rx_host *host;
+};
+
+static void s_kload (struct kenv *k, const char *ini)
+{
+    struct rx_err err = { 0 };
+    memset (k, 0, sizeof *k);
+    k->l = rx_loader_new (tu_env ("RX_PLUGIN_BUILD_DIR"), &err);
+    cr_assert_not_null (k->l, "%s", err.msg);
+    cr_assert_eq (rx_loader_find (k->l, RX_KIND_KERNELS, "cpu", &k->pl, &err), RX_OK, "%s", err.msg);
+    k->conf = rx_conf_parse_string (ini, strlen (ini), "kernels-test.ini", &err);
+    cr_assert_not_null (k->conf, "%s", err.msg);
+    cr_assert_eq (rx_plugin_init (k->pl, k->conf, &err), RX_OK, "%s", err.msg);
+    k->K = rx_plugin_ops (k->pl);
+    k->host = rx_plugin_host (k->pl);
+}
+
+static void s_kclose (struct kenv *k)
+{
+    rx_loader_destroy (&k->l);
+    rx_conf_destroy (&k->conf);
+}
+
+static int s_create_k (struct env *e, int rank, int n, double timeout_s, const struct rx_kernels_ops *K,
+                       void *be, void **c, struct rx_err *err)
+{
+    struct rx_comm_params p = { .struct_size = sizeof p, .rank = rank, .n_rank = n, .group = e->group,
+                                .timeout_s = timeout_s, .kops = K, .kbe = be };
+    return e->ops->create (e->host, &p, c, err);
+}
+
+/* Rank r's input of launch l (small integers: sums are exact). */
+static float s_gx (int l, int r, size_t i) { return (float) ((l * 7 + r * 3 + (int) (i % 97)) % 50); }
+
+#define S_GKEY 0x51ull
+#define S_SENT (-7.f)
+
+struct gcase {
+    struct kenv *k;
+    size_t m;                    /* elements per rank (all_gather / reduce_scatter / all_reduce) */
+    int die;                     /* rank 1 dies after the capture */
+};
+
+/* The captured step: s = 2x; g = all_gather (s[0..m)); rs = reduce_scatter
+ * (s, SUM); ar = all_reduce (rs, MAX). */
+static int s_step (struct env *e, void *c, const struct rx_kernels_ops *K, void *be, int n, size_t m,
+                   float *dx, float *ds, float *dg, float *drs, float *dar, struct rx_err *err)
+{
+    int rc = K->scale (be, NULL, dx, n * m, ds, n * m, 1, n * m, 2.f, err);
+    if (!rc) rc = e->ops->all_gather (c, NULL, ds, dg, m, RX_F32, err);
+    if (!rc) rc = e->ops->reduce_scatter (c, NULL, ds, drs, m, RX_F32, RX_COMM_SUM, err);
+    if (!rc) rc = e->ops->all_reduce (c, NULL, drs, dar, m, RX_F32, RX_COMM_MAX, err);
+    return rc;
+}
+
+/* Fill a device buffer with v (through the backend: guard-safe). */
+static int s_dfill (const struct rx_kernels_ops *K, void *be, float *d, size_t cnt, float v, float *tmp)
+{
+    struct rx_err err = { 0 };
+    for (size_t i = 0; i < cnt; i++) tmp[i] = v;
+    return K->copy_h2d (be, NULL, d, tmp, cnt * sizeof (float), &err);
+}
+
+static int s_graph_rank_body (struct env *e, struct gcase *g, int rank, int n)
+{
+    const struct rx_kernels_ops *K = g->k->K;
+    struct rx_err err = { 0 };
+    struct rx_kernels_params kp = { .struct_size = sizeof kp, .threads = 1, .device = 0 };
+    void *be = NULL, *c = NULL;
+    CHECK (K->create (g->k->host, &kp, &be, &err) == RX_OK, "kernels create: %s", err.msg);
+    CHECK (s_create_k (e, rank, n, g->die ? 2 : 30, K, be, &c, &err) == RX_OK, "create: %s", err.msg);
+    CHECK (e->ops->struct_size >= offsetof (struct rx_comm_ops, graph_capturable) + sizeof (void *)
+           && e->ops->graph_capturable, "comm-shm has graph_capturable");
+    CHECK (e->ops->graph_capturable (c) == 1, "capturable on kernels-cpu");
+    size_t m = g->m, nm = (size_t) n * m;
+    float *h = malloc (nm * sizeof (float)), *t = malloc (nm * sizeof (float));
+    float *dx, *ds, *dg, *drs, *dar;
+    int32_t *dcnt, *dcnts, hc[8];
+    CHECK_OK (K->alloc (be, nm * 4, 0, (void **) &dx, &e_));
+    CHECK_OK (K->alloc (be, nm * 4, 0, (void **) &ds, &e_));
+    CHECK_OK (K->alloc (be, nm * 4, 0, (void **) &dg, &e_));
+    CHECK_OK (K->alloc (be, m * 4, 0, (void **) &drs, &e_));
+    CHECK_OK (K->alloc (be, m * 4, 0, (void **) &dar, &e_));
+    CHECK_OK (K->alloc (be, 4, 0, (void **) &dcnt, &e_));
+    CHECK_OK (K->alloc (be, 4 * (size_t) n, 0, (void **) &dcnts, &e_));
+    /* capture: nothing may run (not the scale, not a collective) */
+    for (size_t i = 0; i < nm; i++) h[i] = s_gx (0, rank, i);
+    CHECK_OK (K->copy_h2d (be, NULL, dx, h, nm * 4, &e_));
+    CHECK_OK (s_dfill (K, be, ds, nm, S_SENT, t));
+    CHECK_OK (s_dfill (K, be, dg, nm, S_SENT, t));
+    CHECK_OK (s_dfill (K, be, drs, m, S_SENT, t));
+    CHECK_OK (s_dfill (K, be, dar, m, S_SENT, t));
+    CHECK (K->graph_begin (be, NULL, S_GKEY, &err) == RX_OK, "graph_begin: %s", err.msg);
+    CHECK (s_step (e, c, K, be, n, m, dx, ds, dg, drs, dar, &err) == RX_OK, "captured step: %s", err.msg);
+    CHECK (K->graph_end (be, NULL, S_GKEY, &err) == RX_OK, "graph_end: %s", err.msg);
+    CHECK (K->graph_has (be, S_GKEY), "graph kept");
+    float *dbufs[] = { ds, dg, drs, dar };
+    size_t dn[] = { nm, nm, m, m };
+    for (int b = 0; b < 4; b++) {
+        CHECK_OK (K->copy_d2h (be, NULL, t, dbufs[b], dn[b] * 4, &e_));
+        for (size_t i = 0; i < dn[b]; i++) CHECK (t[i] == S_SENT, "buffer %d [%zu] written during the capture", b, i);
+    }
+    if (g->die) {
+        if (rank == 1) _exit (0);                 /* gone before the launch, no destroy */
+        /* the launch cannot fail (host_fn), its collective breaks the group */
+        double t0 = s_now ();
+        CHECK (K->graph_launch (be, NULL, S_GKEY, &err) == RX_OK, "launch: %s", err.msg);
+        CHECK (s_now () - t0 < 5, "noticing the dead peer took %.2f s", s_now () - t0);
+        int rc = e->ops->check (c, &err);
+        CHECK (rc == RX_EIO, "check after the launch -> %d (%s)", rc, err.msg);
+        CHECK (strstr (err.msg, "rank 1 (pid ") && strstr (err.msg, "is gone")
+               && strstr (err.msg, "all_gather #1"), "check names the peer and the op: %s", err.msg);
+        struct rx_err e2 = { 0 };
+        t0 = s_now ();
+        rc = e->ops->all_reduce (c, NULL, drs, dar, m, RX_F32, RX_COMM_SUM, &e2);
+        CHECK (rc == RX_EIO && strcmp (e2.msg, err.msg) == 0, "later call -> %d (%s)", rc, e2.msg);
+        CHECK (K->graph_launch (be, NULL, S_GKEY, &e2) == RX_OK, "relaunch: %s", e2.msg);
+        CHECK (e->ops->check (c, &e2) == RX_EIO && strcmp (e2.msg, err.msg) == 0, "%s", e2.msg);
+        CHECK (s_now () - t0 < 0.5, "later calls fail at once (%.2f s)", s_now () - t0);
+    } else {
+        for (int l = 1; l <= 3; l++) {
+            for (size_t i = 0; i < nm; i++) h[i] = s_gx (l, rank, i);
+            CHECK_OK (K->copy_h2d (be, NULL, dx, h, nm * 4, &e_));
+            for (int b = 0; b < 4; b++) CHECK_OK (s_dfill (K, be, dbufs[b], dn[b], S_SENT, t));
+            CHECK (K->graph_launch (be, NULL, S_GKEY, &err) == RX_OK, "launch %d: %s", l, err.msg);
+            CHECK (e->ops->check (c, &err) == RX_OK, "check after launch %d: %s", l, err.msg);
+            CHECK_OK (K->copy_d2h (be, NULL, t, dg, nm * 4, &e_));
+            for (int r = 0; r < n; r++)
+                for (size_t i = 0; i < m; i++)
+                    CHECK (t[r * m + i] == 2.f * s_gx (l, r, i), "launch %d: all_gather [%d][%zu] = %g", l, r,
+                           i, t[r * m + i]);
+            CHECK_OK (K->copy_d2h (be, NULL, t, drs, m * 4, &e_));
+            for (size_t i = 0; i < m; i++) {
+                float want = 0;
+                for (int r = 0; r < n; r++) want += 2.f * s_gx (l, r, (size_t) rank * m + i);
+                CHECK (t[i] == want, "launch %d: reduce_scatter [%zu] = %g, want %g", l, i, t[i], want);
+            }
+            CHECK_OK (K->copy_d2h (be, NULL, t, dar, m * 4, &e_));
+            for (size_t i = 0; i < m; i++) {
+                float want = -1;
+                for (int q = 0; q < n; q++) {
+                    float sum = 0;
+                    for (int r = 0; r < n; r++) sum += 2.f * s_gx (l, r, (size_t) q * m + i);
+                    if (sum > want) want = sum;
+                }
+                CHECK (t[i] == want, "launch %d: all_reduce max [%zu] = %g, want %g", l, i, t[i], want);
+            }
+            /* an eager collective between launches (the DP count
+             * all_gather before each step): runs at once, in order */
+            int32_t mine = 100 * l + rank;
+            CHECK_OK (K->copy_h2d (be, NULL, dcnt, &mine, 4, &e_));
+            CHECK (e->ops->all_gather (c, NULL, dcnt, dcnts, 1, RX_I32, &err) == RX_OK, "eager: %s", err.msg);
+            CHECK_OK (K->copy_d2h (be, NULL, hc, dcnts, 4 * (size_t) n, &e_));
+            for (int r = 0; r < n; r++) CHECK (hc[r] == 100 * l + r, "eager all_gather [%d] = %d", r, hc[r]);
+        }
+    }
+    free (h);
+    free (t);
+    e->ops->destroy (c);
+    K->destroy (be);
+    return 0;
+}
+
+static void s_graph_run (const char *comm_ini, int n, size_t m, int die)
+{
+    struct env e;
+    struct kenv k;
+    s_load (&e, comm_ini);
+    s_kload (&k, "[kernels.cpu]\ngraphs = true\nthreads = 1\n");
+    struct gcase g = { &k, m, die };
+    pid_t pids[4];
+    for (int r = 0; r < n; r++) {
+        pids[r] = fork ();
+        cr_assert_geq (pids[r], 0);
+        if (pids[r] == 0) {
+            alarm (60);
+            _exit (s_graph_rank_body (&e, &g, r, n));
+        }
+    }
+    for (int r = 0; r < n; r++) {
+        int st = 0;
+        cr_assert_eq (waitpid (pids[r], &st, 0), pids[r]);
+        cr_assert (WIFEXITED (st) && WEXITSTATUS (st) == 0, "rank %d of %d failed (status 0x%x; see stderr)",
+                   r, n, st);
+    }
+    s_kclose (&k);
+    if (!die) s_assert_no_segment (&e);
+    rx_conf_destroy (&e.conf);
+    rx_loader_destroy (&e.l);
+}
+
+/* Captured on every rank, replayed 3 times with new inputs and an eager
+ * collective between launches; chunked (buffer_size 4 KiB: every
+ * collective takes several buffer uses, so the parity of a launch depends
+ * on what ran before it). */
+Test (comm_shm, graph_captured_collectives_replay_2_3_ranks)
+{
+    s_graph_run (NULL, 2, 5, 0);
+    s_graph_run ("[comm.shm]\nbuffer_size = 4096\n", 2, 1500, 0);
+    s_graph_run ("[comm.shm]\nbuffer_size = 4096\n", 3, 1001, 0);
+}
+
+/* A peer dies before the launch: the launched collective breaks the group,
+ * check() names the op, every later call fails at once. */
+Test (comm_shm, graph_launch_with_a_dead_peer_breaks_the_group)
+{
+    s_graph_run (NULL, 2, 5, 1);
+}
+
+/* graph_capturable: 1 on kernels-cpu (host_fn, synchronous), 0 without a
+ * backend, 0 on a backend without host_fn (an older kernels plugin) --
+ * whose collectives still run, eagerly. */
+Test (comm_shm, graph_capturable_needs_a_synchronous_backend_with_host_fn)
+{
+    struct env e;
+    struct kenv k;
+    s_load (&e, NULL);
+    s_kload (&k, "[kernels.cpu]\ngraphs = true\nthreads = 1\n");
+    struct rx_err err = { 0 };
+    struct rx_kernels_params kp = { .struct_size = sizeof kp, .threads = 1, .device = 0 };
+    void *be = NULL, *c = NULL;
+    cr_assert_eq (k.K->create (k.host, &kp, &be, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (s_create_k (&e, 0, 1, 5, NULL, NULL, &c, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (e.ops->graph_capturable (c), 0, "no backend");
+    e.ops->destroy (c);
+    cr_assert_eq (s_create_k (&e, 0, 1, 5, k.K, be, &c, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (e.ops->graph_capturable (c), 1, "kernels-cpu");
+    e.ops->destroy (c);
+    struct rx_kernels_ops old = *k.K;
+    old.host_fn = NULL;
+    cr_assert_eq (s_create_k (&e, 0, 1, 5, &old, be, &c, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (e.ops->graph_capturable (c), 0, "no host_fn");
+    float one[4] = { 1, 2, 3, 4 }, got[4] = { 0 }, *d = NULL;
+    cr_assert_eq (k.K->alloc (be, sizeof one, 0, (void **) &d, &err), RX_OK);
+    cr_assert_eq (k.K->copy_h2d (be, NULL, d, one, sizeof one, &err), RX_OK);
+    cr_assert_eq (e.ops->all_reduce (c, NULL, d, d, 4, RX_F32, RX_COMM_SUM, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (k.K->copy_d2h (be, NULL, got, d, sizeof got, &err), RX_OK);
+    cr_assert (!memcmp (got, one, sizeof one));
+    /* without host_fn a collective in a capture is not captured: its host
+     * copies drop the capture and it fails */
+    cr_assert_eq (k.K->graph_begin (be, NULL, 9, &err), RX_OK);
+    cr_assert_neq (e.ops->all_reduce (c, NULL, d, d, 4, RX_F32, RX_COMM_SUM, &err), RX_OK);
+    cr_assert (strstr (err.msg, "graph 9"), "%s", err.msg);
+    cr_assert_eq (k.K->graph_end (be, NULL, 9, &err), RX_EINVAL, "the capture was dropped");
+    e.ops->destroy (c);
+    k.K->free_ (be, d);
+    k.K->destroy (be);
+    s_kclose (&k);
     s_close (&e);
 }

@@ -9,13 +9,18 @@
  * theoretical error bounds, and byte for byte against llama.cpp's own output
  * (../shared tiny-llama models, quantized by llama.cpp from tiny-llama). */
 #include <criterion/criterion.h>
+#include <fcntl.h>
 #include <math.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <radix/kernel.h>
+#include <radix/plugin.h>
 
 #include "conf.h"
 #include "gguf.h"
@@ -1911,4 +1916,246 @@ Test (kcpu, moe_ops_in_emulated_graphs)
     free (wd);
     free (hx);
     free (hw);
+}
+
+/* ------------------------------------------------------ host_fn (ABI 1.4) -- */
+
+/* A host function's argument: it copies n floats of device memory src to
+ * the host through the backend's copy_d2h (as comm-shm's collectives do)
+ * and logs each call. */
+struct hf_arg {
+    void *be;
+    const float *src;            /* device; NULL: copy nothing */
+    size_t n;
+    int tag;
+    float *seen;                 /* host [n]: what it copied */
+    int *log;                    /* host: the tags of the calls, in order */
+    int *n_log;
+    const void **where;          /* the pointer fn was handed */
+    int *rc;                     /* copy_d2h's result */
+};
+
+static void s_hf (void *p)
+{
+    struct hf_arg *a = p;
+    if (a->where) *a->where = p;
+    struct rx_err err = { 0 };
+    if (a->src) *a->rc = K->copy_d2h (a->be, NULL, a->seen, a->src, a->n * sizeof (float), &err);
+    a->log[(*a->n_log)++] = a->tag;
+    a->tag = -1;                 /* writes its copy: the next launch must not see it */
+}
+
+/* Outside a capture fn runs before host_fn returns, on a copy of arg. */
+Test (kcpu, host_fn_eager_runs_at_once_on_a_copy)
+{
+    void *be = s_create_x ("auto", 1, "graphs = true\n");
+    cr_assert (RX_HAS (struct rx_kernels_ops, K, host_fn), "kernels-cpu has host_fn");
+    struct rx_err err = { 0 };
+    float x[4] = { 1, 2, 3, 4 }, seen[4] = { 0 }, *dx = NULL;
+    cr_assert_eq (K->alloc (be, sizeof x, 0, (void **) &dx, &err), RX_OK);
+    cr_assert_eq (K->copy_h2d (be, NULL, dx, x, sizeof x, &err), RX_OK);
+    int log[8], n_log = 0, crc = -99;
+    const void *where = NULL;
+    struct hf_arg a = { be, dx, 4, 7, seen, log, &n_log, &where, &crc };
+    cr_assert_eq (K->host_fn (be, NULL, s_hf, &a, sizeof a, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (n_log, 1, "ran before host_fn returned");
+    cr_assert_eq (log[0], 7);
+    cr_assert_eq (crc, RX_OK, "copy_d2h inside fn");
+    cr_assert (!memcmp (seen, x, sizeof x));
+    cr_assert_neq (where, (const void *) &a, "fn got the backend's copy, not the caller's struct");
+    cr_assert_eq (a.tag, 7, "fn wrote its copy only");
+    /* another stream works too */
+    rx_kstream_t *st = NULL;
+    cr_assert_eq (K->stream_create (be, &st, &err), RX_OK);
+    struct hf_arg b = { be, NULL, 0, 9, seen, log, &n_log, NULL, &crc };
+    cr_assert_eq (K->host_fn (be, st, s_hf, &b, sizeof b, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (n_log, 2);
+    cr_assert_eq (log[1], 9);
+    K->stream_destroy (be, st);
+    K->free_ (be, dx);
+    K->destroy (be);
+}
+
+/* Bad arguments: one clear error naming host_fn, nothing runs, a capture
+ * in progress is kept. */
+Test (kcpu, host_fn_bad_arguments)
+{
+    void *be = s_create_x ("auto", 1, "graphs = true\n");
+    struct rx_err err = { 0 };
+    int log[4], n_log = 0, crc = 0;
+    unsigned char big[RX_KHOST_FN_MAX_ARG + 1];
+    memset (big, 0, sizeof big);
+    struct hf_arg *a = (struct hf_arg *) (void *) big;
+    *a = (struct hf_arg) { be, NULL, 0, 1, NULL, log, &n_log, NULL, &crc };
+    cr_assert_eq (K->host_fn (be, NULL, s_hf, big, sizeof big, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "host_fn") && strstr (err.msg, "257"), "%s", err.msg);
+    cr_assert_eq (K->host_fn (be, NULL, NULL, big, 8, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "host_fn") && strstr (err.msg, "NULL fn"), "%s", err.msg);
+    cr_assert_eq (K->host_fn (be, NULL, s_hf, NULL, 8, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "host_fn") && strstr (err.msg, "NULL arg"), "%s", err.msg);
+    cr_assert_eq (K->host_fn (NULL, NULL, s_hf, big, 8, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "host_fn"), "%s", err.msg);
+    int junk = 0;
+    cr_assert_eq (K->host_fn (be, (rx_kstream_t *) (void *) &junk, s_hf, big, 8, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "host_fn") && strstr (err.msg, "stream"), "%s", err.msg);
+    cr_assert_eq (n_log, 0, "nothing ran");
+    /* the largest argument is fine, eager and captured */
+    cr_assert_eq (K->host_fn (be, NULL, s_hf, big, RX_KHOST_FN_MAX_ARG, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (n_log, 1);
+    cr_assert_eq (K->graph_begin (be, NULL, 3, &err), RX_OK);
+    cr_assert_eq (K->host_fn (be, NULL, NULL, big, 8, &err), RX_EINVAL);
+    cr_assert_eq (K->host_fn (be, NULL, s_hf, big, RX_KHOST_FN_MAX_ARG, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (K->graph_end (be, NULL, 3, &err), RX_OK, "a refused host_fn keeps the capture: %s",
+                  err.msg);
+    cr_assert_eq (n_log, 1, "captured, not run");
+    cr_assert_eq (K->graph_launch (be, NULL, 3, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (n_log, 2);
+    K->destroy (be);
+}
+
+/* During a capture host_fn is recorded: it runs at every launch, in order
+ * with the ops around it, on the capture's argument bytes; the backend's
+ * ops it calls at a launch run (nothing is being captured then). */
+static void s_hf_free (void *p)
+{
+    void *const *a = p;
+    K->free_ (a[0], a[1]);
+}
+
+static void s_hf_begin (void *p)
+{
+    void **a = p;
+    struct rx_err err = { 0 };
+    *(int *) a[1] = K->graph_begin (a[0], NULL, 77, &err);
+}
+
+Test (kcpu, host_fn_in_a_graph_runs_at_every_launch)
+{
+    void *be = s_create_x ("auto", 1, "graphs = true\n");
+    struct rx_err err = { 0 };
+    enum { N = 8 };
+    float x[N], y[N], seen[N], *dx = NULL, *dy = NULL;
+    for (int i = 0; i < N; i++) x[i] = (float) (i + 1);
+    cr_assert_eq (K->alloc (be, sizeof x, 0, (void **) &dx, &err), RX_OK);
+    cr_assert_eq (K->alloc (be, sizeof y, 0, (void **) &dy, &err), RX_OK);
+    cr_assert_eq (K->copy_h2d (be, NULL, dx, x, sizeof x, &err), RX_OK);
+    cr_assert_eq (K->memset_ (be, NULL, dy, 0, sizeof y, &err), RX_OK);
+    int log[16], n_log = 0, crc = -99;
+    memset (seen, 0, sizeof seen);
+    struct hf_arg a = { be, dy, N, 5, seen, log, &n_log, NULL, &crc };
+    /* y = 2x; fn copies y to the host; y *= 3 */
+    cr_assert_eq (K->graph_begin (be, NULL, 40, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (K->scale (be, NULL, dx, N, dy, N, 1, N, 2.f, &err), RX_OK);
+    cr_assert_eq (K->host_fn (be, NULL, s_hf, &a, sizeof a, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (K->scale (be, NULL, dy, N, dy, N, 1, N, 3.f, &err), RX_OK);
+    cr_assert_eq (n_log, 0, "not run during the capture");
+    cr_assert_eq (K->graph_end (be, NULL, 40, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (n_log, 0, "not run at graph_end");
+    a.tag = 6;                   /* too late: the capture has its copy */
+    for (int l = 0; l < 3; l++) {
+        for (int i = 0; i < N; i++) x[i] = (float) (10 * l + i);
+        cr_assert_eq (K->copy_h2d (be, NULL, dx, x, sizeof x, &err), RX_OK);
+        crc = -99;
+        cr_assert_eq (K->graph_launch (be, NULL, 40, &err), RX_OK, "%s", err.msg);
+        cr_assert_eq (n_log, l + 1, "once per launch");
+        cr_assert_eq (log[l], 5, "the capture's bytes, every launch (fn's write to its copy is lost)");
+        cr_assert_eq (crc, RX_OK, "copy_d2h inside a launched fn runs");
+        cr_assert_eq (K->copy_d2h (be, NULL, y, dy, sizeof y, &err), RX_OK);
+        for (int i = 0; i < N; i++) {
+            cr_assert_eq (seen[i], 2.f * x[i], "launch %d: fn saw y after the first scale", l);
+            cr_assert_eq (y[i], 6.f * x[i], "launch %d: the second scale ran after fn", l);
+        }
+    }
+    /* Two host_fns and an op: recorded order. */
+    struct hf_arg b1 = { be, NULL, 0, 11, seen, log, &n_log, NULL, &crc };
+    struct hf_arg b2 = { be, NULL, 0, 12, seen, log, &n_log, NULL, &crc };
+    cr_assert_eq (K->graph_begin (be, NULL, 41, &err), RX_OK);
+    cr_assert_eq (K->host_fn (be, NULL, s_hf, &b1, sizeof b1, &err), RX_OK);
+    cr_assert_eq (K->host_fn (be, NULL, s_hf, &b2, sizeof b2, &err), RX_OK);
+    cr_assert_eq (K->graph_end (be, NULL, 41, &err), RX_OK);
+    n_log = 0;
+    cr_assert_eq (K->graph_launch (be, NULL, 41, &err), RX_OK);
+    cr_assert_eq (n_log, 2);
+    cr_assert (log[0] == 11 && log[1] == 12, "%d %d", log[0], log[1]);
+    /* A launched fn cannot capture (graph_begin from inside a launch is
+     * refused) ... */
+    int brc = 0;
+    void *bg[2] = { be, &brc };
+    cr_assert_eq (K->graph_begin (be, NULL, 42, &err), RX_OK);
+    cr_assert_eq (K->host_fn (be, NULL, s_hf_begin, bg, sizeof bg, &err), RX_OK);
+    cr_assert_eq (K->graph_end (be, NULL, 42, &err), RX_OK);
+    cr_assert_eq (K->graph_launch (be, NULL, 42, &err), RX_OK);
+    cr_assert_eq (brc, RX_EINVAL, "graph_begin inside a launch");
+    cr_assert_eq (K->graph_begin (be, NULL, 43, &err), RX_OK, "no capture was left open: %s", err.msg);
+    cr_assert_eq (K->graph_end (be, NULL, 43, &err), RX_OK);
+    /* ... and one that frees memory drops the graphs after the launch, not
+     * under it (ASan/valgrind: no use after free). */
+    float *dz = NULL;
+    cr_assert_eq (K->alloc (be, 64, 0, (void **) &dz, &err), RX_OK);
+    void *fr[2] = { be, dz };
+    cr_assert_eq (K->graph_begin (be, NULL, 44, &err), RX_OK);
+    cr_assert_eq (K->host_fn (be, NULL, s_hf_free, fr, sizeof fr, &err), RX_OK);
+    cr_assert_eq (K->scale (be, NULL, dx, N, dy, N, 1, N, 1.f, &err), RX_OK);
+    cr_assert_eq (K->graph_end (be, NULL, 44, &err), RX_OK);
+    cr_assert_eq (K->graph_launch (be, NULL, 44, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (K->copy_d2h (be, NULL, y, dy, sizeof y, &err), RX_OK);
+    for (int i = 0; i < N; i++) cr_assert_eq (y[i], x[i], "the op after the freeing fn ran");
+    cr_assert_eq (K->graph_has (be, 44) + K->graph_has (be, 40), 0, "dropped once the launch ended");
+    K->free_ (be, dx);
+    K->free_ (be, dy);
+    K->destroy (be);
+}
+
+/* Guard mode: fn is host code (device memory stays inaccessible to it);
+ * the backend's copies it calls work, eager and launched. */
+#if defined(__SANITIZE_ADDRESS__)
+#  define S_HF_ASAN 1
+#elif defined(__has_feature)
+#  if __has_feature(address_sanitizer)
+#    define S_HF_ASAN 1
+#  endif
+#endif
+
+static void s_hf_touch (void *p)
+{
+    volatile float *d = *(float *const *) p;
+    d[0] = 1.f;                  /* a host access to device memory: must fault */
+}
+
+Test (kcpu, host_fn_in_guard_mode)
+{
+    void *be = s_create_x ("auto", 1, "graphs = true\nguard_device_memory = true\n");
+    struct rx_err err = { 0 };
+    float x[4] = { 1, 2, 3, 4 }, seen[4] = { 0 }, *dx = NULL;
+    cr_assert_eq (K->alloc (be, sizeof x, 0, (void **) &dx, &err), RX_OK);
+    cr_assert_eq (K->copy_h2d (be, NULL, dx, x, sizeof x, &err), RX_OK);
+    int log[8], n_log = 0, crc = -99;
+    struct hf_arg a = { be, dx, 4, 1, seen, log, &n_log, NULL, &crc };
+    cr_assert_eq (K->host_fn (be, NULL, s_hf, &a, sizeof a, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (crc, RX_OK, "eager copy_d2h in guard mode");
+    cr_assert (!memcmp (seen, x, sizeof x));
+    cr_assert_eq (K->graph_begin (be, NULL, 50, &err), RX_OK);
+    cr_assert_eq (K->scale (be, NULL, dx, 4, dx, 4, 1, 4, 2.f, &err), RX_OK);
+    cr_assert_eq (K->host_fn (be, NULL, s_hf, &a, sizeof a, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (K->graph_end (be, NULL, 50, &err), RX_OK);
+    crc = -99;
+    cr_assert_eq (K->graph_launch (be, NULL, 50, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (crc, RX_OK, "launched copy_d2h in guard mode");
+    for (int i = 0; i < 4; i++) cr_assert_eq (seen[i], 2.f * x[i]);
+#ifndef S_HF_ASAN
+    /* fn itself touching device memory faults, as any host code does */
+    pid_t pid = fork ();
+    cr_assert_geq (pid, 0);
+    if (pid == 0) {
+        int fd = open ("/dev/null", O_WRONLY);
+        if (fd >= 0) dup2 (fd, 2);
+        K->host_fn (be, NULL, s_hf_touch, &dx, sizeof dx, &err);
+        _exit (4);
+    }
+    int st = 0;
+    cr_assert_eq (waitpid (pid, &st, 0), pid);
+    cr_assert (WIFSIGNALED (st) && WTERMSIG (st) == SIGSEGV, "child status 0x%x", st);
+#endif
+    K->free_ (be, dx);
+    K->destroy (be);
 }

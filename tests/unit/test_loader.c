@@ -111,38 +111,38 @@ Test (loader, init_failure_is_reported)
 
 Test (loader, wrong_major_refused)
 {
-    EXPECT_REFUSED ("sched-badmajor.so", 0, "ABI major mismatch", "plugin ABI 2.0", "radixd ABI 1.3");
+    EXPECT_REFUSED ("sched-badmajor.so", 0, "ABI major mismatch", "plugin ABI 2.0", "radixd ABI 1.4");
 }
 
 Test (loader, newer_minor_refused)
 {
-    EXPECT_REFUSED ("sched-newerminor.so", 0, "needs a newer radixd", "plugin ABI 1.4",
-                    "radixd ABI 1.3");
+    EXPECT_REFUSED ("sched-newerminor.so", 0, "needs a newer radixd", "plugin ABI 1.5",
+                    "radixd ABI 1.4");
 }
 
 Test (loader, wrong_kind_refused)
 {
     EXPECT_REFUSED ("sched-wrongkind.so", RX_KIND_SCHED_POLICY, "wrong kind",
                     "plugin is a model architecture (model)", "expected a schedule policy (scheduler)",
-                    "plugin ABI 1.3, radixd ABI 1.3");
+                    "plugin ABI 1.4, radixd ABI 1.4");
 }
 
 Test (loader, short_vtable_refused)
 {
     EXPECT_REFUSED ("sched-shortvtable.so", 0, "ops table too short: 4 bytes",
-                    "a schedule policy needs at least", "plugin ABI 1.3, radixd ABI 1.3");
+                    "a schedule policy needs at least", "plugin ABI 1.4, radixd ABI 1.4");
 }
 
 Test (loader, null_required_member_refused)
 {
     EXPECT_REFUSED ("sched-nullmember.so", 0, "schedule policy lacks the required member prioritize()",
-                    "plugin ABI 1.3, radixd ABI 1.3");
+                    "plugin ABI 1.4, radixd ABI 1.4");
 }
 
 Test (loader, missing_symbol_refused)
 {
     EXPECT_REFUSED ("sched-noentry.so", 0, "not a radix plugin: no 'rx_plugin_entry' symbol",
-                    "RX_PLUGIN_DEFINE", "radixd ABI 1.3");
+                    "RX_PLUGIN_DEFINE", "radixd ABI 1.4");
 }
 
 Test (loader, build_tag_mismatch_refused)

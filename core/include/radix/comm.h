@@ -182,6 +182,20 @@ struct rx_comm_ops {
     int  (*check) (void *comm, struct rx_err *err);
 
     /* ---- ABI 1.0 ends here.  Append only below. ---- */
+
+    /* ---- appended in ABI 1.4 ---- */
+    /* (optional; absent = 0) 1 if this instance's blocking collectives
+     * issued on a stream during a kernel graph capture are captured:
+     * recorded, and run at every launch of the graph (with the buffers and
+     * counts of capture time, the data of launch time).  Only all_reduce,
+     * all_gather, reduce_scatter, broadcast and barrier; never start/wait
+     * nor all_to_all_v (its count arrays are host memory read when it
+     * runs).  Errors of a launched collective break the group: the launch
+     * itself cannot report them, so check() and every later call do.
+     * comm-nccl: 1 (NCCL >= 2.9 captures; its barrier waits on the host,
+     * so not that one); comm-shm: 1 on a synchronous backend with host_fn
+     * (kernels-cpu), else 0; comm-zmq: absent. */
+    int  (*graph_capturable) (void *comm);
 };
 
 #define RX_COMM_OPS_SIZE_1_0 \

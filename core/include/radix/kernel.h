@@ -405,7 +405,29 @@ struct rx_kernels_ops {
     int  (*moe_combine) (void *be, rx_kstream_t *s, const float *y, size_t ldy, const int32_t *row,
                          const float *w, size_t n_tok, size_t k, size_t dim, float *out, size_t ldo,
                          uint32_t flags, struct rx_err *err);
+
+    /* -- appended in ABI 1.4: host work ordered on a stream -- */
+    /* (optional) enqueue fn(arg copy) on stream s, after the work issued
+     * before it and before the work issued after it.  The backend copies
+     * arg_bytes (<= RX_KHOST_FN_MAX_ARG) bytes of arg and hands fn a pointer
+     * to its copy (aligned for any type).  During a graph capture it is
+     * recorded instead: fn runs at every launch of the graph (with the copy
+     * made at capture), not now.  On a synchronous backend (no
+     * RX_KCAP_ASYNC) fn runs before host_fn returns (outside a capture) and
+     * may call the backend's ops; on an asynchronous one it runs on a driver
+     * thread and must not (CUDA's cudaLaunchHostFunc rule).  fn cannot
+     * fail: it reports through its own state.  NULL fn or arg_bytes over
+     * the limit (or a NULL arg with arg_bytes > 0): RX_EINVAL.  comm-shm
+     * issues its blocking collectives through it so that a captured decode
+     * step replays them (radix/comm.h graph_capturable).  kernels-cpu
+     * implements it; kernels-cuda leaves it NULL (comm-nccl is captured by
+     * CUDA natively; nothing else needs it there yet). */
+    int  (*host_fn) (void *be, rx_kstream_t *s, void (*fn) (void *arg), const void *arg,
+                     size_t arg_bytes, struct rx_err *err);
 };
+
+/* Largest argument copy host_fn takes, in bytes. */
+#define RX_KHOST_FN_MAX_ARG 256
 
 #define RX_KERNELS_OPS_SIZE_1_0 \
     (offsetof (struct rx_kernels_ops, attention) + sizeof (void *))

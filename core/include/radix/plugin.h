@@ -32,7 +32,7 @@ extern "C" {
 #endif
 
 #define RX_ABI_MAJOR    1
-#define RX_ABI_MINOR    3
+#define RX_ABI_MINOR    4
 #define RX_PLUGIN_MAGIC 0x58444152u           /* "RADX" in little-endian bytes */
 #define RX_PLUGIN_ENTRY "rx_plugin_entry"     /* the exported symbol's name */
 
