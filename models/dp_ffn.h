@@ -8,6 +8,11 @@
  *                  whose batch was refused sends -1 and every rank fails the
  *                  step), *M = the largest: the padded block size of the
  *                  collectives that follow;
+ *   rx_dp_counts_graph  the same exchange carrying each rank's "my step may
+ *                  replay a graph" flag as a high bit of its count: *all =
+ *                  the flags' MIN (SGLang's all-reduce(MIN) of
+ *                  can_cuda_graph), the same on every rank, so either every
+ *                  rank replays its graph of M rows (padded) or none does;
  *   rx_dp_ffn      x += FFN(rms_norm(x)) for this rank's n rows (n may be 0:
  *                  an idle rank): every rank's rows padded to M are gathered
  *                  into g ([N*M][E], this rank's block normed in place), this
@@ -41,29 +46,44 @@ struct rx_dp_ffn {
 
 #define RX_DP_TRY(expr) do { int rc_ = (expr); if (rc_ != RX_OK) return rc_; } while (0)
 
-static inline int rx_dp_counts (const struct rx_dp_ffn *m, int32_t n, int32_t *M, struct rx_err *err)
+/* Set in a sent count: this rank's step cannot be a graph replay (counts
+ * are at most 1 << 24, reserve's bound). */
+#define RX_DP_NO_GRAPH (1 << 30)
+
+static inline int rx_dp_counts_graph (const struct rx_dp_ffn *m, int32_t n, int graph_ok, int32_t *M,
+                                      int *all, struct rx_err *err)
 {
     const struct rx_kernels_ops *K = m->k.ops;
     const size_t N = (size_t) m->n_rank;
-    RX_DP_TRY (K->copy_h2d (m->k.be, m->k.stream, m->cnt + m->rank, &n, sizeof n, err));
+    const int32_t sent = n < 0 || graph_ok ? n : n | RX_DP_NO_GRAPH;
+    RX_DP_TRY (K->copy_h2d (m->k.be, m->k.stream, m->cnt + m->rank, &sent, sizeof sent, err));
     RX_DP_TRY (m->comm->all_gather (m->comm_inst, m->k.stream, m->cnt + m->rank, m->cnt, 1, RX_I32, err));
     RX_DP_TRY (K->copy_d2h (m->k.be, m->k.stream, m->cnt_h, m->cnt, N * sizeof (int32_t), err));
     /* The shapes of every later collective depend on the counts. */
     RX_DP_TRY (K->synchronize (m->k.be, m->k.stream, err));
     int32_t mx = 0;
+    int ok = 1;
     for (size_t r = 0; r < N; r++) {
         if (m->cnt_h[r] < 0 && (int32_t) r != m->rank)
             return rx_err_set (err, RX_EIO,
                                "%s: DP attention: rank %zu refused its batch (see its log); rank %d stops this step too",
                                m->who, r, m->rank);
-        if (m->cnt_h[r] > mx) mx = m->cnt_h[r];
+        if (m->cnt_h[r] & RX_DP_NO_GRAPH) ok = 0;
+        const int32_t c = m->cnt_h[r] & ~RX_DP_NO_GRAPH;
+        if (c > mx) mx = c;
     }
     if (mx > m->max_tokens)
         return rx_err_set (err, RX_EINVAL,
                            "%s: DP attention: a rank has %d tokens, more than this rank's max_tokens %d (every rank must reserve the same)",
                            m->who, mx, m->max_tokens);
     *M = mx;
+    if (all) *all = ok && mx > 0;
     return RX_OK;
+}
+
+static inline int rx_dp_counts (const struct rx_dp_ffn *m, int32_t n, int32_t *M, struct rx_err *err)
+{
+    return rx_dp_counts_graph (m, n, 0, M, NULL, err);
 }
 
 static inline int rx_dp_ffn (const struct rx_dp_ffn *m, const float *ffn_norm, const rx_kweight_t *w_gate,

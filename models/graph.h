@@ -18,9 +18,17 @@
  * again op by op, with one warning line, and the request does not fail.
  *
  * The model decides which steps may be captured (rx_model_graphs_shape
- * plus its own conditions: one rank, no host copy anywhere in the step --
- * a synchronize inside a capture fails it) and hands the eager forward as
- * a callback.
+ * plus its own conditions: no host copy anywhere in the step -- a
+ * synchronize inside a capture fails it) and hands the eager forward as a
+ * callback.
+ *
+ * Several ranks (rx_model_graphs_ranks, at create): with a comm plugin
+ * whose collectives a capture records (radix/comm.h graph_capturable),
+ * tensor-parallel ranks replay the same graph, collectives inside; under
+ * DP attention every rank replays the graph of the group's largest batch
+ * M with its own batch padded to M (rx_model_pad_batch,
+ * rx_model_graphs_run_padded), decided per step by models/dp_ffn.h
+ * rx_dp_counts_graph with rx_model_graphs_dp_step as this rank's vote.
  *
  * Graph keys: a model's 40-bit tag << 24 | n.
  *
@@ -33,6 +41,7 @@
 #include <string.h>
 
 #include <radix/attn.h>
+#include <radix/comm.h>
 #include <radix/err.h>
 #include <radix/host.h>
 #include <radix/kernel.h>
@@ -48,6 +57,13 @@ struct rx_model_graphs {
     uint64_t tag;                         /* key = tag << 24 | n */
     /* for_n[n]: the (logits, staging) pair graph n was captured with. */
     struct rx_model_graph_for { const float *logits; const int32_t *stage; } *for_n;
+    /* Several ranks (rx_model_graphs_ranks): tp = tensor parallelism, each
+     * rank replays the same graph with its collectives inside; dp = DP
+     * attention, each replays the group's largest batch, padded
+     * (rx_model_graphs_run_padded).  Both 0 on one rank. */
+    int tp, dp;
+    const struct rx_comm_ops *comm;
+    void *comm_inst;
 };
 
 /* From the env at create (cuda_graph_max_bs; 0 or an env too old: off). */
@@ -125,8 +141,166 @@ static inline int rx_model_graphs_run (struct rx_model_graphs *g, const struct r
         }
         f->logits = b->logits;
         f->stage = dv->tokens;
+        RX_HLOG (g->host, RX_LOG_INFO, "%s: captured the CUDA graph of a %d-sequence decode step", g->who, (int) n);
     }
     return K->graph_launch (k->be, k->stream, key, err);
+}
+
+/* DP attention (models/dp_ffn.h rx_dp_counts_graph): when every rank's
+ * step may replay, every rank replays its graph of M rows (M = the group's
+ * largest batch), so a rank with n < M decode rows (n = 0: an idle rank)
+ * pads its batch, as SGLang's graph runner does: M - n more sequences of
+ * one row each -- token 0 at position 0, whose one KV position is pad_slot
+ * (a row past the pool the model asked kv_alloc for, which the core never
+ * hands out: its KV is scratch) -- and every row's logits into the model's
+ * own scratch (logits, [M][n_vocab] at least), of which the model copies
+ * the real rows out after the replay.  The padded rows run through
+ * attention and the FFN like real ones; rows do not mix, so the real
+ * rows' numbers are those of an unpadded step up to the kernels' choice
+ * of path by row count.  *out points into p's host block (valid until the
+ * next call).  b must be a decode-shape batch (rx_model_graphs_shape) or
+ * idle (n_tokens 0). */
+struct rx_model_pad {
+    int32_t *h;       /* host block: tokens pos q_start kv_start out_rows kv_slots */
+    size_t cap;       /* its int32 elements */
+};
+
+static inline int rx_model_pad_batch (struct rx_model_pad *p, const struct rx_host *host,
+                                      const struct rx_model_batch *b, int32_t M, int32_t pad_slot,
+                                      float *logits, struct rx_model_batch *out, const char *who,
+                                      struct rx_err *err)
+{
+    const int32_t n = b->n_tokens;
+    const size_t kv_real = n > 0 ? (size_t) b->kv_start[b->n_seq] : 0;
+    const size_t need = 5 * (size_t) M + 2 + kv_real + (size_t) (M - n);
+    if (need > p->cap) {
+        size_t cap = need > 2 * p->cap ? need : 2 * p->cap;
+        int32_t *h = host->alloc (host, cap * sizeof *h, 64);
+        if (!h) return rx_err_set (err, RX_ENOMEM, "%s: out of memory (padded batch)", who);
+        if (p->h) host->free_ (host, p->h);
+        p->h = h;
+        p->cap = cap;
+    }
+    int32_t *tok = p->h, *pos = tok + M, *qs = pos + M, *ks = qs + M + 1, *rows = ks + M + 1,
+            *slots = rows + M;
+    if (n > 0) {
+        memcpy (tok, b->tokens, (size_t) n * sizeof *tok);
+        memcpy (pos, b->pos, (size_t) n * sizeof *pos);
+        memcpy (qs, b->q_start, ((size_t) n + 1) * sizeof *qs);
+        memcpy (ks, b->kv_start, ((size_t) n + 1) * sizeof *ks);
+        memcpy (slots, b->kv_slots, kv_real * sizeof *slots);
+    } else {
+        qs[0] = ks[0] = 0;
+    }
+    for (int32_t t = n; t < M; t++) {
+        tok[t] = 0;
+        pos[t] = 0;
+        qs[t + 1] = t + 1;
+        ks[t + 1] = ks[t] + 1;
+        slots[ks[t]] = pad_slot;
+    }
+    for (int32_t t = 0; t < M; t++) rows[t] = t;
+    *out = (struct rx_model_batch) {
+        .struct_size = sizeof *out, .n_tokens = M, .tokens = tok, .pos = pos, .n_seq = M,
+        .q_start = qs, .kv_start = ks, .kv_slots = slots, .n_out = M, .out_rows = rows,
+        .logits = logits,
+    };
+    return RX_OK;
+}
+
+static inline void rx_model_pad_free (struct rx_model_pad *p, const struct rx_host *host)
+{
+    if (p->h) host->free_ (host, p->h);
+    p->h = NULL;
+    p->cap = 0;
+}
+
+/* Whether a rank of a multi-rank model may replay graphs (at create, with
+ * max_bs on): the comm plugin's collectives must be recorded by a capture
+ * (radix/comm.h graph_capturable: comm-nccl; comm-shm on kernels-cpu).
+ * Tensor parallelism: every rank runs the same batch, so every rank makes
+ * the same choice and replays the same graph (g->tp).  DP attention: every
+ * rank replays the group's largest batch, padded (g->dp); why_not: the
+ * model's own reason against (NULL: none).  Logs one line either way. */
+static inline void rx_model_graphs_ranks (struct rx_model_graphs *g, const char *path, int32_t rank,
+                                          int32_t n_rank, int dp_attn, const char *why_not,
+                                          const struct rx_comm_ops *comm, void *comm_inst)
+{
+    if (n_rank <= 1 || g->max_bs <= 0) return;
+    const char *why = why_not;
+    if (!why && (!RX_HAS (struct rx_comm_ops, comm, graph_capturable) || !comm->graph_capturable (comm_inst)))
+        why = "the comm plugin's collectives cannot be captured";
+    const char *mode = dp_attn ? "DP attention" : "tensor-parallel";
+    if (why) {
+        RX_HLOG (g->host, RX_LOG_INFO, "%s: %s rank %d: decode steps run op by op, not as CUDA graphs: %s", path,
+                 mode, (int) rank, why);
+        return;
+    }
+    g->dp = dp_attn != 0;
+    g->tp = !dp_attn;
+    g->comm = comm;
+    g->comm_inst = comm_inst;
+    RX_HLOG (g->host, RX_LOG_INFO, "%s: %s rank %d: decode steps of up to %d rows a rank replay CUDA graphs%s", path,
+             mode, (int) rank, (int) g->max_bs,
+             dp_attn ? " (every rank padded to the largest batch)" : " (the all-reduces inside)");
+}
+
+/* After a replay with collectives inside: one that failed broke the group
+ * (a host node cannot report), and the comm's check() says so now rather
+ * than at the next step. */
+static inline int rx_model_graphs_comm_check (const struct rx_model_graphs *g, struct rx_err *err)
+{
+    return (g->tp || g->dp) && RX_HAS (struct rx_comm_ops, g->comm, check) ? g->comm->check (g->comm_inst, err)
+                                                                           : RX_OK;
+}
+
+/* This rank's half of the DP-attention decision (models/dp_ffn.h
+ * rx_dp_counts_graph ANDs it over the group): DP graphs on, and a
+ * decode-shape batch of at most max_bs rows or an idle one.  The model
+ * adds its own per-step conditions. */
+static inline int rx_model_graphs_dp_step (const struct rx_model_graphs *g, const struct rx_model_batch *b)
+{
+    return g->dp && g->max_bs > 0 && b && (b->n_tokens == 0 || rx_model_graphs_shape (g, b));
+}
+
+/* The model's side of a padded DP-attention replay. */
+struct rx_model_padded {
+    struct rx_model_pad *pad;
+    struct rx_model_stage *stage;
+    int32_t max_tokens;               /* reserve's T (the stage's) */
+    int32_t pad_slot;                 /* = n_slots: the pool has one row more */
+    int32_t n_vocab;
+    float *logits;                    /* device [min(max_bs, T)][n_vocab] */
+    /* Host work before a capture or replay of the padded batch (attn-mla's
+     * prepare), or NULL. */
+    int (*before) (void *model, const struct rx_model_batch *pb, const struct rx_model_batch_dev *dv,
+                   struct rx_err *err);
+    /* 1: run the padded step op by op this time (a first step with host
+     * work a capture cannot hold: attn-mla's per-head weights).  The
+     * other ranks may replay meanwhile: the collectives are the same. */
+    int eager;
+    const char *who;
+};
+
+/* A DP-attention decode step that every rank replays as graph M (the
+ * group's largest batch; rx_dp_counts_graph said every rank may): b padded
+ * to M rows (rx_model_pad_batch), staged, replayed (captured the first
+ * time), the real rows' logits copied into b->logits, the comm checked. */
+static inline int rx_model_graphs_run_padded (struct rx_model_graphs *g, const struct rx_kctx *k, void *model,
+                                              rx_model_step_fn step, const struct rx_model_padded *p,
+                                              const struct rx_model_batch *b, int32_t M, struct rx_err *err)
+{
+    struct rx_model_batch pb;
+    struct rx_model_batch_dev dv;
+    int rc = rx_model_pad_batch (p->pad, g->host, b, M, p->pad_slot, p->logits, &pb, p->who, err);
+    if (rc == RX_OK) rc = rx_model_stage_upload (p->stage, g->host, k, p->max_tokens, &pb, p->who, &dv, err);
+    if (rc == RX_OK && p->before) rc = p->before (model, &pb, &dv, err);
+    if (rc == RX_OK) rc = p->eager ? step (model, &pb, &dv, err) : rx_model_graphs_run (g, k, model, step, &pb, &dv, err);
+    if (rc == RX_OK && b->n_out > 0)
+        rc = k->ops->copy_d2d (k->be, k->stream, b->logits, p->logits,
+                               (size_t) b->n_out * (size_t) p->n_vocab * sizeof (float), err);
+    if (rc == RX_OK) rc = rx_model_graphs_comm_check (g, err);
+    return rc;
 }
 
 #endif /* RX_MODELS_GRAPH_H */

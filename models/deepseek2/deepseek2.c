@@ -146,6 +146,12 @@ struct ds_model {
     struct rx_model_graphs graphs;               /* decode-step graphs (models/graph.h) */
     int warm;                                    /* an eager step ran: attn-mla built its
                                                   * per-head weights (host work, not capturable) */
+    /* DP attention's decode graphs (graphs.dp, models/graph.h
+     * rx_model_graphs_run_padded): the padded batch and the padded rows'
+     * logits (device [min(max_bs, T)][n_vocab], reserve); the pad KV slot
+     * is n_slots (the pool has one row more). */
+    struct rx_model_pad pad;
+    float *dp_logits;
     /* DP attention (see the header comment) */
     int32_t rank, n_rank, dp_attn, ep_size;
     int32_t tp;                                  /* tensor parallel: n_rank > 1, not dp_attn */
@@ -415,6 +421,8 @@ static void s_free_scratch (struct ds_model *m)
     m->x = m->h = m->qa = m->q = m->kv = m->att = m->gate = m->up = m->hout = NULL;
     m->probs = m->sel = m->wts = m->dp_g = m->dp_d = NULL;
     m->dp_cnt = NULL;
+    if (m->dp_logits) m->k.ops->free_ (m->k.be, m->dp_logits);
+    m->dp_logits = NULL;
     m->max_tokens = 0;
 }
 
@@ -425,6 +433,7 @@ static void s_destroy (void *p)
     s_free_scratch (m);
     rx_moe_place_fini (&m->place);
     rx_model_graphs_free (&m->graphs, m->host);
+    rx_model_pad_free (&m->pad, m->host);
     if (m->attn) m->attn_ops->destroy (m->attn);
     for (size_t i = 0; i < m->n_owned; i++)
         m->k.ops->weight_free (m->k.be, m->owned[i]);
@@ -781,6 +790,16 @@ static int s_create (const struct rx_host *host, const struct rx_model_src *src,
         RX_HLOG (host, RX_LOG_DEBUG,
                  "%s: tensor-parallel rank %d of %d: heads %d..%d, dense FFN columns %d..%d, MLA latent and MoE replicated",
                  src->path, m->rank, m->n_rank, m->h0, m->h1 - 1, m->f0, m->f1 - 1);
+    /* Graphs with several ranks (models/graph.h rx_model_graphs_ranks):
+     * under DP attention not with expert parallelism (the ep dispatchers
+     * exchange through the host) or two-batch overlap; attn-mla's
+     * host-side prepare runs before each capture or replay. */
+    const int moe = m->n_dense < m->n_layer;
+    rx_model_graphs_ranks (&m->graphs, src->path, m->rank, m->n_rank, m->dp_attn,
+                           m->dp_attn && moe && m->ep_size > 1 ? "expert parallelism (the dispatcher's exchanges are not captured)"
+                           : m->dp_attn && moe && m->tbo      ? "two-batch overlap"
+                                                              : NULL,
+                           m->comm, m->comm_inst);
     if (m->tbo && m->n_dense < m->n_layer)
         RX_HLOG (host, RX_LOG_INFO, "%s: two-batch overlap on (%s; the %d leading dense block(s) run unsplit)",
                  src->path,
@@ -832,7 +851,8 @@ static int s_reserve (void *p, uint64_t n_slots, int32_t max_tokens, struct rx_e
                            (unsigned long long) n_slots, INT32_MAX, max_tokens, 1 << 24);
     s_free_scratch (m);
     m->n_slots = 0;
-    int rc = m->attn_ops->kv_alloc (m->attn, n_slots, err);
+    /* DP-attention graphs pad with slot n_slots: one pool row more. */
+    int rc = m->attn_ops->kv_alloc (m->attn, n_slots + (m->graphs.dp ? 1 : 0), err);
     if (rc != RX_OK) return rc;
     const size_t T = (size_t) max_tokens, E = (size_t) m->n_embd, H = (size_t) m->n_head;
     const size_t NX = m->n_expert > 0 ? (size_t) m->n_expert : 1, K = m->n_used > 0 ? (size_t) m->n_used : 1;
@@ -904,6 +924,12 @@ static int s_reserve (void *p, uint64_t n_slots, int32_t max_tokens, struct rx_e
         }
         m->moe_n_phys = mc.n_expert;
         if ((rc = s_tbo_reserve (m, err)) != RX_OK) goto fail;
+    }
+    if (m->graphs.dp) {
+        const size_t rows = (size_t) (m->graphs.max_bs < max_tokens ? m->graphs.max_bs : max_tokens);
+        if ((rc = m->k.ops->alloc (m->k.be, rows * (size_t) m->n_vocab * sizeof (float), 64, &d, err)) != RX_OK)
+            goto fail;
+        m->dp_logits = d;
     }
     m->n_slots = n_slots;
     return RX_OK;
@@ -1093,10 +1119,11 @@ static struct rx_dp_ffn s_dp_view (const struct ds_model *m)
     };
 }
 
-static int s_dp_counts (struct ds_model *m, int32_t n, int32_t *M, struct rx_err *err)
+static int s_dp_counts (struct ds_model *m, int32_t n, int graph_ok, int32_t *M, int *graph_all,
+                        struct rx_err *err)
 {
     struct rx_dp_ffn v = s_dp_view (m);
-    return rx_dp_counts (&v, n, M, err);
+    return rx_dp_counts_graph (&v, n, graph_ok, M, graph_all, err);
 }
 
 /* DP attention: x += FFN(rms_norm(x)) of a dense block for this rank's n
@@ -1307,18 +1334,46 @@ static int s_forward_eager (struct ds_model *m, const struct rx_model_batch *b,
  * weights on the host then), with routing and experts on the device: the
  * backend's moe_route, no placement or counting, and the dispatcher sorted
  * on the device the last time it was asked (models/moe_experts.h). */
-static int s_graph_step (const struct ds_model *m, const struct rx_model_batch *b)
+static int s_moe_on_device (const struct ds_model *m, size_t n_tok)
 {
-    return rx_model_graphs_shape (&m->graphs, b) && m->n_rank == 1 && m->warm &&
-           (m->n_dense >= m->n_layer ||
-            (m->moe_dev_seen && RX_HAS (struct rx_kernels_ops, m->k.ops, moe_route) && m->k.ops->moe_route &&
-             rx_moe_experts_device (&m->place, (size_t) b->n_tokens)));
+    return m->n_dense >= m->n_layer ||
+           (m->moe_dev_seen && RX_HAS (struct rx_kernels_ops, m->k.ops, moe_route) && m->k.ops->moe_route &&
+            rx_moe_experts_device (&m->place, n_tok));
 }
 
+static int s_graph_step (const struct ds_model *m, const struct rx_model_batch *b)
+{
+    return rx_model_graphs_shape (&m->graphs, b) && (m->n_rank == 1 || m->graphs.tp) && m->warm &&
+           s_moe_on_device (m, (size_t) b->n_tokens);
+}
+
+/* This rank's half of the DP-attention decision (models/graph.h
+ * rx_model_graphs_dp_step), with the MoE layers on the device for up to
+ * max_bs rows.  (Not warm: this rank runs its padded step op by op while
+ * the others replay, see s_forward.) */
+static int s_dp_graph_step (const struct ds_model *m, const struct rx_model_batch *b)
+{
+    return rx_model_graphs_dp_step (&m->graphs, b) && s_moe_on_device (m, (size_t) m->graphs.max_bs);
+}
+
+/* The eager step a graph captures; under DP attention b is the padded
+ * batch, whose M rows are every rank's block size. */
 static int s_graph_eager (void *p, const struct rx_model_batch *b, const struct rx_model_batch_dev *dv,
                           struct rx_err *err)
 {
-    return s_forward_eager (p, b, dv, 0, err);
+    const struct ds_model *m = p;
+    return s_forward_eager (p, b, dv, m->dp_attn ? b->n_tokens : 0, err);
+}
+
+/* attn-mla grows its scratch for the padded batch (host work: before the
+ * capture or replay). */
+static int s_padded_prepare (void *p, const struct rx_model_batch *pb, const struct rx_model_batch_dev *dv,
+                             struct rx_err *err)
+{
+    struct ds_model *m = p;
+    if (!RX_HAS (struct rx_attn_ops, m->attn_ops, prepare) || !m->attn_ops->prepare) return RX_OK;
+    const struct rx_attn_batch ab = s_attn_batch (pb, dv);
+    return m->attn_ops->prepare (m->attn, &ab, err);
 }
 
 static int s_forward (void *p, const struct rx_model_batch *b, struct rx_err *err)
@@ -1327,14 +1382,29 @@ static int s_forward (void *p, const struct rx_model_batch *b, struct rx_err *er
     int rc = s_check_batch (m, b, err);
     if (rc == RX_OK) rx_moe_place_step (&m->place, b);
     int32_t M = 0;
+    int dp_graph = 0;
     if (m->dp_attn && m->max_tokens > 0) {
         /* Every rank takes part in the count exchange, a refused batch
          * included (as -1), so the group fails together. */
         struct rx_err e2 = { 0 };
-        int rc2 = s_dp_counts (m, rc == RX_OK && b ? b->n_tokens : -1, &M, rc == RX_OK ? err : &e2);
+        int rc2 = s_dp_counts (m, rc == RX_OK && b ? b->n_tokens : -1, rc == RX_OK && s_dp_graph_step (m, b),
+                               &M, &dp_graph, rc == RX_OK ? err : &e2);
         if (rc == RX_OK) rc = rc2;
     }
     if (rc != RX_OK) return rc;
+    if (dp_graph && M <= m->graphs.max_bs) {
+        /* Every rank replays graph M, padded; one that has not run an
+         * eager step yet runs its padded step op by op (the same
+         * collectives) and is warm after it. */
+        const struct rx_model_padded pd = {
+            .pad = &m->pad, .stage = &m->stage, .max_tokens = m->max_tokens, .pad_slot = (int32_t) m->n_slots,
+            .n_vocab = m->n_vocab, .logits = m->dp_logits, .before = s_padded_prepare, .eager = !m->warm,
+            .who = DS_NAME,
+        };
+        DS_TRY (rx_model_graphs_run_padded (&m->graphs, &m->k, m, s_graph_eager, &pd, b, M, err));
+        m->warm = 1;
+        return RX_OK;
+    }
     if (s_tbo_on (m, b, M)) return s_forward_tbo (m, b, M, err);
     if (b->n_tokens == 0) {
         /* Idle (DP attention): only the FFN collectives of every layer, and
@@ -1352,7 +1422,10 @@ static int s_forward (void *p, const struct rx_model_batch *b, struct rx_err *er
         const struct rx_attn_batch ab = s_attn_batch (b, &dv);
         DS_TRY (m->attn_ops->prepare (m->attn, &ab, err));
     }
-    if (s_graph_step (m, b)) return rx_model_graphs_run (&m->graphs, &m->k, m, s_graph_eager, b, &dv, err);
+    if (s_graph_step (m, b)) {
+        DS_TRY (rx_model_graphs_run (&m->graphs, &m->k, m, s_graph_eager, b, &dv, err));
+        return rx_model_graphs_comm_check (&m->graphs, err);
+    }
     DS_TRY (s_forward_eager (m, b, &dv, M, err));
     m->warm = 1;
     return RX_OK;

@@ -48,6 +48,10 @@
  * (n_tokens 0) that only takes part in these collectives; when every rank
  * is idle (M = 0) the layers are skipped on all of them alike.  The ranks
  * must reserve the same max_tokens (the engine agrees on it).
+ * With [scheduler] cuda_graph_max_bs and a comm whose collectives a
+ * capture records, decode steps replay graphs: every rank the graph of
+ * the group's largest batch, its own batch padded to it (models/graph.h;
+ * the vote rides on the count exchange, models/dp_ffn.h).
  *
  * MoE under DP attention: an MoE layer is not gathered / reduce-scattered.
  * Each rank routes its OWN rows (router, top-k) and hands them to the
@@ -178,6 +182,12 @@ struct ll_model {
      * asynchronous ops, and micro-batch 1's rebased q_start / kv_start. */
     int32_t tbo;
     struct rx_model_graphs graphs;               /* decode-step graphs (models/graph.h) */
+    /* DP attention's decode graphs (graphs.dp, models/graph.h
+     * rx_model_graphs_run_padded): the padded batch and the padded rows'
+     * logits (device [min(max_bs, T)][n_vocab], reserve); the pad KV slot
+     * is n_slots (the pool has one row more). */
+    struct rx_model_pad pad;
+    float *dp_logits;
     struct rx_tbo tbo_state;                     /* moe2 re-made when moe_n_phys changes */
 };
 
@@ -502,6 +512,8 @@ static void s_free_scratch (struct ll_model *m)
     m->topi = NULL;
     m->dp_g = m->dp_d = NULL;
     m->dp_cnt = NULL;
+    if (m->dp_logits) m->k.ops->free_ (m->k.be, m->dp_logits);
+    m->dp_logits = NULL;
     m->max_tokens = 0;
 }
 
@@ -521,6 +533,7 @@ static void s_destroy (void *p)
     if (m->layers) m->host->free_ (m->host, m->layers);
     if (m->dp_cnt_h) m->host->free_ (m->host, m->dp_cnt_h);
     rx_model_graphs_free (&m->graphs, m->host);
+    rx_model_pad_free (&m->pad, m->host);
     m->host->free_ (m->host, m);
 }
 
@@ -810,6 +823,8 @@ static int s_split (struct ll_model *m, const struct rx_model_src *src, struct r
     return RX_OK;
 }
 
+static void s_graph_mode (struct ll_model *m, const char *path);
+
 static int s_create (const struct rx_host *host, const struct rx_model_src *src,
                      const struct rx_model_env *env, void **out, struct rx_err *err)
 {
@@ -929,6 +944,7 @@ static int s_create (const struct rx_host *host, const struct rx_model_src *src,
         RX_HLOG (host, RX_LOG_INFO, "%s: fused projections (fuse_weights): Q/K/V in %d of %d layers, gate/up in %d",
                  src->path, nqkv, m->n_layer, ngu);
     }
+    s_graph_mode (m, src->path);
     if (m->tbo && m->n_expert > 0)
         RX_HLOG (host, RX_LOG_INFO, "%s: two-batch overlap on (%s)", src->path,
                  rx_tbo_has_async (m->moe_ops) ? "the dispatcher's exchanges overlap the other micro-batch"
@@ -979,7 +995,8 @@ static int s_reserve (void *p, uint64_t n_slots, int32_t max_tokens, struct rx_e
                            (unsigned long long) n_slots, INT32_MAX, max_tokens, 1 << 24);
     s_free_scratch (m);
     m->n_slots = 0;
-    int rc = m->attn_ops->kv_alloc (m->attn, n_slots, err);
+    /* DP-attention graphs pad with slot n_slots: one pool row more. */
+    int rc = m->attn_ops->kv_alloc (m->attn, n_slots + (m->graphs.dp ? 1 : 0), err);
     if (rc != RX_OK) return rc;
     const size_t T = (size_t) max_tokens;
     const size_t qd = (size_t) m->n_head * m->hd_k, kd = (size_t) m->n_kv_head * m->hd_k,
@@ -1057,6 +1074,12 @@ static int s_reserve (void *p, uint64_t n_slots, int32_t max_tokens, struct rx_e
     }
     size_t cap = (size_t) n_slots + T;
     rc = rx_model_stage_alloc (&m->stage, m->host, &m->k, max_tokens, cap, "model-llama", err);
+    if (rc == RX_OK && m->graphs.dp) {
+        const size_t rows = (size_t) (m->graphs.max_bs < max_tokens ? m->graphs.max_bs : max_tokens);
+        void *d;
+        rc = m->k.ops->alloc (m->k.be, rows * (size_t) m->n_vocab * sizeof (float), 64, &d, err);
+        if (rc == RX_OK) m->dp_logits = d;
+    }
     if (rc != RX_OK) {
         s_free_scratch (m);
         return rc;
@@ -1166,10 +1189,28 @@ static struct rx_dp_ffn s_dp_view (const struct ll_model *m)
     };
 }
 
-static int s_dp_counts (struct ll_model *m, int32_t n, int32_t *M, struct rx_err *err)
+static int s_dp_counts (struct ll_model *m, int32_t n, int graph_ok, int32_t *M, int *graph_all,
+                        struct rx_err *err)
 {
     struct rx_dp_ffn v = s_dp_view (m);
-    return rx_dp_counts (&v, n, M, err);
+    return rx_dp_counts_graph (&v, n, graph_ok, M, graph_all, err);
+}
+
+/* Graphs with several ranks (models/graph.h rx_model_graphs_ranks): under
+ * DP attention also no expert parallelism (the ep dispatchers exchange
+ * through the host), no two-batch overlap and an attention backend without
+ * a host-side prepare.  An MoE model's steps then replay once its
+ * dispatcher gives device offsets (s_dp_graph_step). */
+static void s_graph_mode (struct ll_model *m, const char *path)
+{
+    const char *why = NULL;
+    if (m->dp_attn && m->n_expert > 0 && m->ep_size > 1)
+        why = "expert parallelism (the dispatcher's exchanges are not captured)";
+    else if (m->dp_attn && m->n_expert > 0 && m->tbo)
+        why = "two-batch overlap";
+    else if (m->dp_attn && RX_HAS (struct rx_attn_ops, m->attn_ops, prepare))
+        why = "the attention backend prepares on the host";
+    rx_model_graphs_ranks (&m->graphs, path, m->rank, m->n_rank, m->dp_attn, why, m->comm, m->comm_inst);
 }
 
 /* DP attention: x += FFN(rms_norm(x)) for this rank's n rows (n may be 0,
@@ -1305,23 +1346,37 @@ static int s_forward_tbo (struct ll_model *m, const struct rx_model_batch *b, in
 static int s_forward_eager (struct ll_model *m, const struct rx_model_batch *b,
                             const struct rx_model_batch_dev *dvp, int32_t M, struct rx_err *err);
 
-/* CUDA graphs (models/graph.h): decode steps of one rank (no collectives
- * in the graph) with an attention backend without a host-side prepare,
+/* CUDA graphs (models/graph.h): decode steps of one rank, or of a
+ * tensor-parallel rank whose comm captures its all-reduces (s_graph_mode;
+ * every rank decides alike: they run the same batch), with an attention
+ * backend without a host-side prepare,
  * and a dense model or one whose MoE layers run without a host copy
  * (models/moe_experts.h: the dispatcher sorted on the device the last time
  * it was asked, no placement or counting, n within the device path's
  * bound). */
 static int s_graph_step (const struct ll_model *m, const struct rx_model_batch *b)
 {
-    return rx_model_graphs_shape (&m->graphs, b) && m->n_rank == 1 &&
+    return rx_model_graphs_shape (&m->graphs, b) && (m->n_rank == 1 || m->graphs.tp) &&
            (m->n_expert == 0 || (m->moe_dev_seen && rx_moe_experts_device (&m->place, (size_t) b->n_tokens))) &&
            !RX_HAS (struct rx_attn_ops, m->attn_ops, prepare);
 }
 
+/* The eager step a graph captures; under DP attention b is the padded
+ * batch, whose M rows are every rank's block size. */
 static int s_graph_eager (void *p, const struct rx_model_batch *b, const struct rx_model_batch_dev *dv,
                           struct rx_err *err)
 {
-    return s_forward_eager (p, b, dv, 0, err);
+    const struct ll_model *m = p;
+    return s_forward_eager (p, b, dv, m->dp_attn ? b->n_tokens : 0, err);
+}
+
+/* This rank's half of the DP-attention graph decision (models/graph.h
+ * rx_model_graphs_dp_step): an MoE model's layers also run without a host
+ * copy (as s_graph_step; the padded step has at most max_bs rows). */
+static int s_dp_graph_step (const struct ll_model *m, const struct rx_model_batch *b)
+{
+    return rx_model_graphs_dp_step (&m->graphs, b) &&
+           (m->n_expert == 0 || (m->moe_dev_seen && rx_moe_experts_device (&m->place, (size_t) m->graphs.max_bs)));
 }
 
 static int s_forward (void *p, const struct rx_model_batch *b, struct rx_err *err)
@@ -1330,14 +1385,26 @@ static int s_forward (void *p, const struct rx_model_batch *b, struct rx_err *er
     int rc = s_check_batch (m, b, err);
     if (rc == RX_OK) rx_moe_place_step (&m->place, b);
     int32_t M = 0;
+    int dp_graph = 0;
     if (m->dp_attn && m->max_tokens > 0) {
         /* Every rank takes part in the count exchange, a refused batch
          * included (as -1), so the group fails together. */
         struct rx_err e2 = { 0 };
-        int rc2 = s_dp_counts (m, rc == RX_OK && b ? b->n_tokens : -1, &M, rc == RX_OK ? err : &e2);
+        int rc2 = s_dp_counts (m, rc == RX_OK && b ? b->n_tokens : -1, rc == RX_OK && s_dp_graph_step (m, b),
+                               &M, &dp_graph, rc == RX_OK ? err : &e2);
         if (rc == RX_OK) rc = rc2;
     }
     if (rc != RX_OK) return rc;
+    /* (M <= max_bs holds when every rank has the same max_bs; a rank that
+     * runs op by op beside replaying ones still makes the same collective
+     * calls, so the guard is safe either way.) */
+    if (dp_graph && M <= m->graphs.max_bs) {
+        const struct rx_model_padded pd = {
+            .pad = &m->pad, .stage = &m->stage, .max_tokens = m->max_tokens, .pad_slot = (int32_t) m->n_slots,
+            .n_vocab = m->n_vocab, .logits = m->dp_logits, .who = "model-llama",
+        };
+        return rx_model_graphs_run_padded (&m->graphs, &m->k, m, s_graph_eager, &pd, b, M, err);
+    }
     if (s_tbo_on (m, b, M)) return s_forward_tbo (m, b, M, err);
     if (b->n_tokens == 0) {
         /* Idle (DP attention): only the FFN collectives of every layer, and
@@ -1350,7 +1417,10 @@ static int s_forward (void *p, const struct rx_model_batch *b, struct rx_err *er
     }
     struct rx_model_batch_dev dv;
     LL_TRY (rx_model_stage_upload (&m->stage, m->host, &m->k, m->max_tokens, b, "model-llama", &dv, err));
-    if (s_graph_step (m, b)) return rx_model_graphs_run (&m->graphs, &m->k, m, s_graph_eager, b, &dv, err);
+    if (s_graph_step (m, b)) {
+        LL_TRY (rx_model_graphs_run (&m->graphs, &m->k, m, s_graph_eager, b, &dv, err));
+        return rx_model_graphs_comm_check (&m->graphs, err);
+    }
     return s_forward_eager (m, b, &dv, M, err);
 }
 

@@ -7,6 +7,7 @@ ranks) and one kernel thread per rank:
   those of a tp_size 1 daemon (the reference, started once for the file),
   also for 8 concurrent requests; one scheduler process per rank, named
   after it.
+  The same with decode steps replayed as (emulated) graphs.
 - dp_size 2 ([dp] policy round_robin), and dp_size 2 x tp_size 2: the same
   outputs, both replicas served, the KV total the sum of the replicas'.
 - a rank killed under load: radixd exits non-zero naming it, the requests
@@ -14,7 +15,9 @@ ranks) and one kernel thread per rank:
 - [parallel] check_determinism: a rank that diverges (RADIX_TEST_DIVERGE,
   the scheduler's test hook) stops the daemon; without it the check passes.
 - dp_attention with 2 ranks: the same outputs, one rank idle while the
-  other works does not hang, twice tp1's KV tokens.
+  other works does not hang, twice tp1's KV tokens; the same with decode
+  steps replayed as (emulated) graphs, every rank padded to the largest
+  batch.
 - deepseek2 (MLA, ../shared/data/models/tiny-deepseek2.gguf): tp_size 2 and
   conf/radixd-dp-attention.ini's DP attention + expert parallelism (ep_size
   2, dispatcher ep_auto) give tp1's greedy tokens; with the same kv_memory
@@ -286,6 +289,32 @@ def test_tp2_concurrent():
     clean_stop(TP2, "tp2")
 
 
+@test
+def test_tp2_graphs():
+    # [scheduler] cuda_graph_max_bs under tensor parallelism, on kernels-cpu's
+    # emulated graphs: both ranks run the same batch and replay the same
+    # decode graph with comm-shm's all-reduces captured inside; tp1's outputs
+    secs = sections(tp_size=2, comm="shm")
+    secs["scheduler"] = {"cuda_graph_max_bs": "4"}
+    secs["kernels.cpu"] = {"graphs": "true"}
+    d = Daemon("tiny", name="tpgraph", sections=secs).start().wait_healthy()
+    try:
+        for p in PROMPTS[:2]:
+            same_ids(p, generate(d, p)[0], "tp2 graphs /generate")
+        concurrent(d, 4, "tp2 graphs")
+        clean_stop(d, "tp2 graphs")
+        log = d.log_text()
+        for r in (0, 1):
+            expect("tensor-parallel rank %d: decode steps of up to 4 rows a rank replay CUDA graphs" % r in log,
+                   "rank %d did not turn graphs on; log tail:\n%s" % (r, d.log_tail(20)))
+        expect("capturing the graph" not in log, "a capture failed; log tail:\n%s" % d.log_tail(20))
+        caps = re.findall(r"captured the CUDA graph of a (\d+)-sequence decode step", log)
+        diag("graphs captured (every rank): %s" % sorted(int(c) for c in caps))
+        expect(len(caps) >= 2, "fewer than 2 graph captures (one per rank at least); log tail:\n%s" % d.log_tail(20))
+    finally:
+        d.close()
+
+
 # ---- data parallel ----------------------------------------------------------------
 
 
@@ -361,6 +390,35 @@ def test_dp_attention_2_ranks():
         clean_stop(d, "dp-attention")
         per = dispatched(d)
         expect(min(per) >= 1, "dp-attention: dispatched %s: both ranks must serve" % per)
+    finally:
+        d.close()
+
+
+@test
+def test_dp_attention_graphs():
+    # [scheduler] cuda_graph_max_bs under DP attention, on kernels-cpu's
+    # emulated graphs (comm-shm's collectives are captured there): decode
+    # steps replay graphs of the group's largest batch, every rank padded to
+    # it (models/graph.h rx_model_pad_batch); prefills and steps where a
+    # rank prefills run op by op.  The outputs stay tp1's, alone and 8 at
+    # once (batches of 1 .. 4 rows a rank, uneven between the ranks).
+    secs = dict(sections(tp_size=2, dp_size=2, dp_attention="true", comm="shm"), dp={"policy": "round_robin"})
+    secs["scheduler"] = {"cuda_graph_max_bs": "4"}
+    secs["kernels.cpu"] = {"graphs": "true"}
+    d = Daemon("tiny", name="dpgraph", sections=secs).start().wait_healthy()
+    try:
+        for p in PROMPTS[:2]:
+            same_ids(p, generate(d, p)[0], "dp-attention graphs /generate")
+        concurrent(d, 8, "dp-attention graphs")
+        clean_stop(d, "dp-attention graphs")
+        log = d.log_text()
+        for r in (0, 1):
+            expect("DP attention rank %d: decode steps of up to 4 rows a rank replay CUDA graphs" % r in log,
+                   "rank %d did not turn DP graphs on; log tail:\n%s" % (r, d.log_tail(20)))
+        expect("capturing the graph" not in log, "a capture failed; log tail:\n%s" % d.log_tail(20))
+        caps = re.findall(r"captured the CUDA graph of a (\d+)-sequence decode step", log)
+        diag("graphs captured (every rank): %s" % sorted(int(c) for c in caps))
+        expect(len(caps) >= 2, "fewer than 2 graph captures (one per rank at least); log tail:\n%s" % d.log_tail(20))
     finally:
         d.close()
 

@@ -10,7 +10,13 @@
  *     and graphs stay off;
  *   - a capture that fails (inside the step, or at graph_end): one warning
  *     line, graphs off, the step run again eagerly, and the call succeeds;
- *     an error of the eager step itself is returned. */
+ *     an error of the eager step itself is returned;
+ *   - every capture logs one info line;
+ *   - DP attention's padding (rx_model_pad_batch): a decode batch and an
+ *     idle one padded to M rows, the pad rows one-row sequences on the pad
+ *     slot, the real rows untouched;
+ *   - rx_model_graphs_ranks: tensor-parallel / DP graphs only with a comm
+ *     whose collectives a capture records. */
 #include <criterion/criterion.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -28,7 +34,9 @@ static struct mock {
     int n_have;
     int begins, ends, launches;
     char log[512];
-    int logs;
+    int logs;                   /* warnings */
+    int infos;                  /* info lines (captures, rx_model_graphs_ranks) */
+    char info[512];
 } M;
 
 static int m_begin (void *be, rx_kstream_t *s, uint64_t key, struct rx_err *err)
@@ -72,12 +80,13 @@ static int m_launch (void *be, rx_kstream_t *s, uint64_t key, struct rx_err *err
 static void m_log (const struct rx_host *h, int level, const char *fmt, ...)
 {
     (void) h;
-    cr_assert_eq (level, RX_LOG_WARN);
+    cr_assert (level == RX_LOG_WARN || level == RX_LOG_INFO, "level %d", level);
     va_list ap;
     va_start (ap, fmt);
-    vsnprintf (M.log, sizeof M.log, fmt, ap);
+    vsnprintf (level == RX_LOG_WARN ? M.log : M.info, sizeof M.log, fmt, ap);
     va_end (ap);
-    M.logs++;
+    if (level == RX_LOG_WARN) M.logs++;
+    else M.infos++;
 }
 
 static void *m_alloc (const struct rx_host *h, size_t n, size_t align)
@@ -207,6 +216,93 @@ Test (model_graph, capture_once_then_replay_recapture_on_new_buffers)
     cr_assert_eq (rx_model_graphs_run (&g, &KC, NULL, s_step, &b, &dv, &err), RX_OK, "%s", err.msg);
     cr_assert_eq (S.captured_runs, 4, "a dropped graph is captured again");
     cr_assert_eq (M.logs, 0);
+    cr_assert_eq (M.infos, 4, "one info line per capture");
+    cr_assert_str_eq (M.info, "model-test: captured the CUDA graph of a 2-sequence decode step");
+    rx_model_graphs_free (&g, &H);
+}
+
+/* A decode batch of 2 sequences (KV lengths 3 and 1) padded to 4 rows, and
+ * an idle batch padded to 3: the real rows as they were, then one-row
+ * sequences of token 0 at position 0 on the pad slot; every row's logits
+ * into the scratch given. */
+Test (model_graph, dp_padding)
+{
+    struct rx_model_pad pad = { 0 };
+    struct rx_err err = { 0 };
+    float scratch[1];
+    const int32_t tok[2] = { 11, 22 }, pos[2] = { 2, 0 }, qs[3] = { 0, 1, 2 }, ks[3] = { 0, 3, 4 },
+                  slots[4] = { 7, 8, 9, 5 }, rows[2] = { 0, 1 };
+    float lg[1];
+    struct rx_model_batch b = { .struct_size = sizeof b, .n_tokens = 2, .tokens = tok, .pos = pos, .n_seq = 2,
+                                .q_start = qs, .kv_start = ks, .kv_slots = slots, .n_out = 2, .out_rows = rows,
+                                .logits = lg };
+    struct rx_model_batch pb = { 0 };
+    cr_assert_eq (rx_model_pad_batch (&pad, &H, &b, 4, 100, scratch, &pb, "model-test", &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (pb.n_tokens, 4);
+    cr_assert_eq (pb.n_seq, 4);
+    cr_assert_eq (pb.n_out, 4);
+    cr_assert_eq (pb.logits, scratch);
+    const int32_t w_tok[4] = { 11, 22, 0, 0 }, w_pos[4] = { 2, 0, 0, 0 }, w_qs[5] = { 0, 1, 2, 3, 4 },
+                  w_ks[5] = { 0, 3, 4, 5, 6 }, w_slots[6] = { 7, 8, 9, 5, 100, 100 }, w_rows[4] = { 0, 1, 2, 3 };
+    cr_assert_arr_eq (pb.tokens, w_tok, sizeof w_tok);
+    cr_assert_arr_eq (pb.pos, w_pos, sizeof w_pos);
+    cr_assert_arr_eq (pb.q_start, w_qs, sizeof w_qs);
+    cr_assert_arr_eq (pb.kv_start, w_ks, sizeof w_ks);
+    cr_assert_arr_eq (pb.kv_slots, w_slots, sizeof w_slots);
+    cr_assert_arr_eq (pb.out_rows, w_rows, sizeof w_rows);
+    /* Idle: every row padding; the block is reused (and grown when needed). */
+    struct rx_model_batch idle = { .struct_size = sizeof idle };
+    cr_assert_eq (rx_model_pad_batch (&pad, &H, &idle, 3, 100, scratch, &pb, "model-test", &err), RX_OK, "%s", err.msg);
+    const int32_t i_qs[4] = { 0, 1, 2, 3 }, i_slots[3] = { 100, 100, 100 }, i_tok[3] = { 0, 0, 0 };
+    cr_assert_eq (pb.n_tokens, 3);
+    cr_assert_arr_eq (pb.q_start, i_qs, sizeof i_qs);
+    cr_assert_arr_eq (pb.kv_start, i_qs, sizeof i_qs);
+    cr_assert_arr_eq (pb.kv_slots, i_slots, sizeof i_slots);
+    cr_assert_arr_eq (pb.tokens, i_tok, sizeof i_tok);
+    cr_assert_eq (rx_model_pad_batch (&pad, &H, &b, 64, 100, scratch, &pb, "model-test", &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (pb.kv_start[64], 4 + 62);
+    cr_assert_eq (pb.kv_slots[65], 100);
+    rx_model_pad_free (&pad, &H);
+    cr_assert_null (pad.h);
+}
+
+/* The comm side of multi-rank graphs: a comm that cannot capture keeps
+ * them off (one info line naming the reason), as does the model's own
+ * reason; a capturing one turns on tp or dp. */
+static int c_yes (void *comm) { (void) comm; return 1; }
+static int c_no (void *comm) { (void) comm; return 0; }
+
+Test (model_graph, ranks_need_a_capturing_comm)
+{
+    struct rx_err err = { 0 };
+    struct rx_model_env env = s_env (4);
+    struct rx_comm_ops yes = { .struct_size = sizeof yes, .graph_capturable = c_yes };
+    struct rx_comm_ops no = { .struct_size = sizeof no, .graph_capturable = c_no };
+    struct rx_comm_ops old = { .struct_size = RX_COMM_OPS_SIZE_1_0 };
+    struct { const struct rx_comm_ops *c; int dp; const char *why; int tp_on, dp_on; const char *says; } cases[] = {
+        { &yes, 0, NULL, 1, 0, "tensor-parallel rank 1: decode steps of up to 4 rows a rank replay CUDA graphs" },
+        { &yes, 1, NULL, 0, 1, "DP attention rank 1: decode steps of up to 4 rows a rank replay CUDA graphs (every rank padded" },
+        { &no, 1, NULL, 0, 0, "not as CUDA graphs: the comm plugin's collectives cannot be captured" },
+        { &old, 0, NULL, 0, 0, "not as CUDA graphs: the comm plugin's collectives cannot be captured" },
+        { &yes, 1, "two-batch overlap", 0, 0, "DP attention rank 1: decode steps run op by op, not as CUDA graphs: two-batch overlap" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct rx_model_graphs g;
+        cr_assert_eq (rx_model_graphs_init (&g, &H, &env, 0x42ull, "model-test", &err), RX_OK);
+        M.infos = 0;
+        rx_model_graphs_ranks (&g, "x.gguf", 1, 2, cases[i].dp, cases[i].why, cases[i].c, NULL);
+        cr_assert_eq (g.tp, cases[i].tp_on, "case %zu", i);
+        cr_assert_eq (g.dp, cases[i].dp_on, "case %zu", i);
+        cr_assert_eq (M.infos, 1, "case %zu: one line", i);
+        cr_assert (strstr (M.info, cases[i].says), "case %zu: %s", i, M.info);
+        rx_model_graphs_free (&g, &H);
+    }
+    /* One rank: nothing to decide, nothing logged. */
+    struct rx_model_graphs g;
+    cr_assert_eq (rx_model_graphs_init (&g, &H, &env, 0x42ull, "model-test", &err), RX_OK);
+    M.infos = 0;
+    rx_model_graphs_ranks (&g, "x.gguf", 0, 1, 0, NULL, &yes, NULL);
+    cr_assert (!g.tp && !g.dp && M.infos == 0);
     rx_model_graphs_free (&g, &H);
 }
 

@@ -76,6 +76,10 @@ struct tp_job {
      * so each rank's KV bytes per token equal tp 1's instead of summing to
      * them. */
     int mla;
+    /* DP-attention graphs (dp = 2, s_run_dp_graphs): [scheduler]
+     * cuda_graph_max_bs (0: off) with [kernels.cpu] graphs = true. */
+    int32_t graph_bs;
+    uint64_t graph_tag;         /* the model's graph key tag (llama.c LL_GRAPH_TAG, deepseek2.c DS_GRAPH_TAG) */
 };
 
 /* What one rank reports (a file header, then the logits rows). */
@@ -90,6 +94,7 @@ struct tp_head {
     int32_t n_rows;             /* rows of logits that follow */
     int32_t gen[S_MAX_PROMPTS][S_N_GEN];
     uint64_t weight_bytes;      /* rx_model_info.weight_bytes */
+    int32_t graph[4];           /* s_run_dp_graphs: graph_has (model-llama key of n), n = 1..3 */
 };
 
 struct tp_out {
@@ -105,12 +110,17 @@ static int32_t s_rows (const struct tp_job *j)
 }
 
 static void s_run_dp (const struct tp_job *j, int32_t rank, int32_t size, struct tp_out *out);
+static void s_run_dp_graphs (const struct tp_job *j, int32_t rank, struct tp_out *out);
 
 /* Run job as rank/size (size 0: no TP); fills out (out->h.rc != 0 on an
  * error, with the message).  Plain C, no Criterion asserts: it runs inside
  * forked ranks too. */
 static void s_run (const struct tp_job *j, int32_t rank, int32_t size, struct tp_out *out)
 {
+    if (j->dp == 2) {
+        s_run_dp_graphs (j, rank, out);
+        return;
+    }
     if (j->dp) {
         s_run_dp (j, rank, size, out);
         return;
@@ -121,6 +131,10 @@ static void s_run (const struct tp_job *j, int32_t rank, int32_t size, struct tp
     setenv ("RADIX_PLUGIN_PATH", tu_env ("RX_PLUGIN_BUILD_DIR"), 1);
     int rc = rx_boot_open (&b, NULL, 0, &err);
     if (rc == RX_OK) rc = rx_conf_set (b.conf, "kernels", "threads", "1", &err);
+    char num[16];
+    snprintf (num, sizeof num, "%d", (int) j->graph_bs);
+    if (rc == RX_OK && j->graph_bs) rc = rx_conf_set (b.conf, "kernels.cpu", "graphs", "true", &err);
+    if (rc == RX_OK && j->graph_bs) rc = rx_conf_set (b.conf, "scheduler", "cuda_graph_max_bs", num, &err);
     if (rc != RX_OK) {
         out->h.rc = rc;
         snprintf (out->h.msg, sizeof out->h.msg, "%s", err.msg);
@@ -174,6 +188,10 @@ static void s_run (const struct tp_job *j, int32_t rank, int32_t size, struct tp
         out->h.rc = rc;
         snprintf (out->h.msg, sizeof out->h.msg, "%s", err.msg);
     }
+    const struct rx_kernels_ops *K = NULL;
+    void *be = NULL;
+    rx_engine_kernels (e, &K, &be);
+    for (int n = 1; n <= 3; n++) out->h.graph[n] = K->graph_has (be, (j->graph_tag << 24) | (uint64_t) n);
     rx_engine_destroy (&e);
     rx_boot_close (&b);
 }
@@ -932,6 +950,257 @@ Test (tp, dp_attention_q8) { s_dp ("tiny-llama-q8", 2, 0.1); }
 /* n_ff 128 splits over 3 ranks (Q8_0: 4 blocks of 32 -> 1+1+2). */
 Test (tp, dp_attention_three_ranks) { s_dp ("tiny-llama", 3, 1e-3); }
 Test (tp, dp_attention_three_ranks_q8) { s_dp ("tiny-llama-q8", 3, 0.1); }
+
+/* ------------------------------------------- DP attention with graphs -- */
+
+/* One rank's sequences and the rows it has written (s_run_dp_graphs). */
+struct dpg {
+    rx_engine_t *e;
+    size_t V;
+    float *row;                 /* the next logits row to write */
+    int32_t *gen;               /* greedy tokens, in step order */
+    int32_t n_gen, max_gen;
+};
+struct dpg_seq {
+    int seq;
+    const float *last;          /* its latest logits row */
+};
+
+/* One step of the listed sequences: prefill ids[i] (len[i] tokens) where
+ * ids[i] is set, else decode the argmax of the sequence's latest row; each
+ * sequence's new row is appended.  n = 0: an idle step. */
+static int s_dpg_step (struct dpg *d, int n, struct dpg_seq *const *sq, const int32_t *const *ids,
+                       const int32_t *len, struct rx_err *err)
+{
+    if (n == 0) return rx_engine_idle (d->e, err);
+    struct rx_engine_req r[3] = { { 0 } };
+    int32_t tok[3] = { 0 };
+    for (int i = 0; i < n && i < 3; i++) {
+        if (ids && ids[i]) {
+            r[i] = (struct rx_engine_req) { sq[i]->seq, len[i], ids[i], 0 };
+            continue;
+        }
+        tok[i] = rx_argmax (sq[i]->last, (int32_t) d->V);
+        if (d->n_gen < d->max_gen) d->gen[d->n_gen++] = tok[i];
+        r[i] = (struct rx_engine_req) { sq[i]->seq, 1, &tok[i], 0 };
+    }
+    int rc = rx_engine_step (d->e, r, n, d->row, err);
+    for (int i = 0; i < n && rc == RX_OK; i++) {
+        sq[i]->last = d->row;
+        d->row += d->V;
+    }
+    return rc;
+}
+
+/* DP attention with decode graphs over 2 ranks (tp_job dp = 2; graph_bs =
+ * [scheduler] cuda_graph_max_bs, 0 = off; kernels-cpu's emulated graphs in
+ * both cases).  The schedule walks every case of the group's decision
+ * (rx_dp_counts_graph):
+ *   phase 0 (4 steps): rank 0 prefills A (prompt 0) and decodes it 3 steps
+ *            while rank 1, which has run no step of its own yet, idles: its
+ *            whole batch is padding (deepseek2: its first padded step runs
+ *            op by op beside rank 0's replay, attn-mla's first forward);
+ *   (1 step): rank 1 prefills B and C (prompts 1 and 0) in one step while
+ *            rank 0 decodes A: op by op;
+ *   phase 1 (G steps): rank 0 decodes A, rank 1 decodes B and C
+ *            (prompts 1 and 0) together: M = 2, rank 0 pads one row;
+ *   phase 2 (G steps): rank 0 decodes A, rank 1 is idle: M = 1, rank 1's
+ *            whole batch is padding;
+ *   phase 3 (1 step):  rank 1 prefills D (prompt 1) while rank 0 decodes A:
+ *            one rank prefills, so both run op by op;
+ *   phase 4 (G steps): A and D decode alone on their ranks: M = 1;
+ *   then one step where both ranks are idle.
+ * Rows: rank 0 A's (prefill's last row, then one a step: 3G + 6), rank 1
+ * B and C per step then D's (2 + 2G + 1 + G); greedy tokens in step order. */
+static void s_run_dp_graphs (const struct tp_job *j, int32_t rank, struct tp_out *out)
+{
+    memset (out, 0, sizeof *out);
+    struct rx_boot b;
+    struct rx_err err = { 0 };
+    setenv ("RADIX_PLUGIN_PATH", tu_env ("RX_PLUGIN_BUILD_DIR"), 1);
+    int rc = rx_boot_open (&b, NULL, 0, &err);
+    char num[16];
+    snprintf (num, sizeof num, "%d", (int) j->graph_bs);
+    if (rc == RX_OK) rc = rx_conf_set (b.conf, "kernels", "threads", "1", &err);
+    if (rc == RX_OK) rc = rx_conf_set (b.conf, "kernels.cpu", "graphs", "true", &err);
+    if (rc == RX_OK) rc = rx_conf_set (b.conf, "scheduler", "cuda_graph_max_bs", num, &err);
+    rx_engine_t *e = NULL;
+    if (rc == RX_OK) {
+        struct rx_engine_opts o = {
+            .model_path = j->gguf, .n_slots = 1024, .max_tokens = 128, .tp_rank = rank, .tp_size = 2,
+            .comm = j->comm, .comm_group = j->group, .comm_timeout_s = j->timeout_s, .dp_attention = 1,
+        };
+        if (!(e = rx_engine_new (&b, &o, &err))) rc = err.code ? err.code : RX_EINTERNAL;
+    }
+    const int32_t G = j->n_gen;
+    struct dpg d = { .e = e, .gen = &out->h.gen[0][0], .max_gen = S_MAX_PROMPTS * S_N_GEN };
+    struct dpg_seq sa = { -1, NULL }, sb = sa, sc = sa, sd = sa;
+    if (rc == RX_OK) {
+        d.V = (size_t) rx_engine_info (e)->n_vocab;
+        out->h.n_vocab = (int32_t) d.V;
+        out->h.n_rows = rank == 0 ? 3 * G + 6 : 3 * G + 3;
+        snprintf (out->h.desc, sizeof out->h.desc, "%s", rx_engine_describe (e));
+        out->logits = calloc ((size_t) out->h.n_rows * d.V, sizeof (float));
+        d.row = out->logits;
+        const int32_t cap = j->n_prompt[0] + j->n_prompt[1] + 3 * G + 8;
+        struct dpg_seq **mine = rank == 0 ? (struct dpg_seq *[]) { &sa } : (struct dpg_seq *[]) { &sb, &sc };
+        for (int i = 0; i < (rank == 0 ? 1 : 2) && rc == RX_OK; i++)
+            if ((mine[i]->seq = rx_engine_seq_new (e, cap, &err)) < 0) rc = mine[i]->seq;
+        const int32_t *ids[2] = { j->prompt[0], j->prompt[1] }, len[2] = { j->n_prompt[0], j->n_prompt[1] };
+        const int32_t *ids1[2] = { j->prompt[1], j->prompt[0] }, len1[2] = { j->n_prompt[1], j->n_prompt[0] };
+        for (int32_t s = 0; s < 4 && rc == RX_OK; s++)   /* phase 0 */
+            rc = rank == 0 ? s_dpg_step (&d, 1, mine, s == 0 ? ids : NULL, len, &err) : s_dpg_step (&d, 0, mine, NULL, NULL, &err);
+        /* Rank 1's prefills (both prompts in one step). */
+        if (rc == RX_OK)
+            rc = rank == 0 ? s_dpg_step (&d, 1, mine, NULL, NULL, &err) : s_dpg_step (&d, 2, mine, ids1, len1, &err);
+        for (int32_t g = 0; g < G && rc == RX_OK; g++)   /* phase 1 */
+            rc = s_dpg_step (&d, rank == 0 ? 1 : 2, mine, NULL, NULL, &err);
+        if (rank == 1 && rc == RX_OK) {
+            rx_engine_seq_free (e, sb.seq);
+            rx_engine_seq_free (e, sc.seq);
+        }
+        for (int32_t g = 0; g < G && rc == RX_OK; g++)   /* phase 2 */
+            rc = s_dpg_step (&d, rank == 0 ? 1 : 0, mine, NULL, NULL, &err);
+        struct dpg_seq *pd[1] = { &sd };
+        if (rank == 1 && rc == RX_OK && (sd.seq = rx_engine_seq_new (e, cap, &err)) < 0) rc = sd.seq;
+        if (rc == RX_OK)                                  /* phase 3 */
+            rc = rank == 0 ? s_dpg_step (&d, 1, mine, NULL, NULL, &err) : s_dpg_step (&d, 1, pd, &ids[1], &len[1], &err);
+        for (int32_t g = 0; g < G && rc == RX_OK; g++)   /* phase 4 */
+            rc = s_dpg_step (&d, 1, rank == 0 ? mine : pd, NULL, NULL, &err);
+        if (rc == RX_OK) rc = rx_engine_idle (e, &err);
+        const struct rx_kernels_ops *K = NULL;
+        void *be = NULL;
+        rx_engine_kernels (e, &K, &be);
+        for (int n = 1; n <= 3; n++) out->h.graph[n] = K->graph_has (be, (j->graph_tag << 24) | (uint64_t) n);
+    }
+    if (rc != RX_OK) {
+        out->h.rc = rc;
+        snprintf (out->h.msg, sizeof out->h.msg, "%s", err.msg);
+        s_out_free (out);
+        out->h.n_rows = 0;
+    }
+    rx_engine_destroy (&e);
+    rx_boot_close (&b);
+}
+
+/* [scheduler] cuda_graph_max_bs under DP attention (2 ranks, comm-shm on
+ * kernels-cpu's emulated graphs: radix/comm.h graph_capturable): the same
+ * schedule with graphs (max_bs 2) and without gives every row of both
+ * ranks' logits -- bit for bit where a rank's batch was not padded (the
+ * padded rank's rows through matmuls of 2 rows instead of 1: within 1e-4)
+ * -- and the same greedy tokens; graphs of 1 and 2 rows exist on both
+ * ranks (rank 0 replayed a padded 2-row graph, rank 1 an all-padding
+ * 1-row one), none of 3, and none without cuda_graph_max_bs. */
+#define S_LL_TAG 0x6c6c616d61ull
+#define S_DS_TAG 0x6473656b32ull
+
+static void s_dp_graphs (const char *model, uint64_t tag)
+{
+    struct ref_prompts rp;
+    char *gguf = s_ref_load (model, &rp);
+    cr_assert (rp.n >= 2);
+    struct tp_job j = { .gguf = gguf, .n_prompts = 2, .prompt = { rp.ids[0], rp.ids[1] },
+                        .n_prompt = { rp.len[0], rp.len[1] }, .n_gen = 6, .comm = "shm",
+                        .group = s_group ("dpg"), .timeout_s = 60, .dp = 2, .graph_bs = 2, .graph_tag = tag };
+    struct tp_out gr[2], eg[2];
+    s_run_ranks (&j, 2, gr);
+    j.graph_bs = 0;
+    j.group = s_group ("dpe");
+    s_run_ranks (&j, 2, eg);
+    const int32_t G = j.n_gen;
+    for (int r = 0; r < 2; r++) {
+        cr_assert_eq (gr[r].h.rc, RX_OK, "%s: graphs, rank %d: %s", model, r, gr[r].h.msg);
+        cr_assert_eq (eg[r].h.rc, RX_OK, "%s: op by op, rank %d: %s", model, r, eg[r].h.msg);
+        cr_assert_eq (gr[r].h.n_rows, eg[r].h.n_rows);
+        cr_assert (gr[r].h.graph[1] && gr[r].h.graph[2], "%s: rank %d: graphs of 1 and 2 rows (%d %d)", model, r,
+                   gr[r].h.graph[1], gr[r].h.graph[2]);
+        cr_assert_eq (gr[r].h.graph[3], 0, "%s: rank %d: no graph of 3 rows", model, r);
+        cr_assert (!eg[r].h.graph[1] && !eg[r].h.graph[2], "%s: rank %d: no graphs when off", model, r);
+        cr_assert (!memcmp (gr[r].h.gen, eg[r].h.gen, sizeof gr[r].h.gen), "%s: rank %d: the same greedy tokens",
+                   model, r);
+        const size_t V = (size_t) gr[r].h.n_vocab;
+        double maxd = 0;
+        for (int32_t i = 0; i < gr[r].h.n_rows; i++) {
+            /* Rank 0's phase-1 decode rows were padded (rows 5 .. G + 4). */
+            const int padded = r == 0 && i >= 5 && i < G + 5;
+            const float *a = gr[r].logits + (size_t) i * V, *c = eg[r].logits + (size_t) i * V;
+            if (!padded) {
+                cr_assert (!memcmp (a, c, V * sizeof (float)), "%s: rank %d row %d: graph replay == op by op, bit for bit",
+                           model, r, i);
+                continue;
+            }
+            for (size_t v = 0; v < V; v++) {
+                double dd = fabs ((double) a[v] - (double) c[v]);
+                if (!(dd <= maxd)) maxd = dd;
+            }
+        }
+        cr_assert (maxd <= 1e-4, "%s: rank %d: padded rows differ by %g", model, r, maxd);
+        fprintf (stderr, "test_tp: %s: DP graphs rank %d: %d rows equal op by op (padded rows within %.3g)\n", model, r,
+                 gr[r].h.n_rows, maxd);
+        s_out_free (&gr[r]);
+        s_out_free (&eg[r]);
+    }
+    s_ref_free (&rp);
+    free (gguf);
+}
+
+Test (tp, dp_attention_graphs) { s_dp_graphs ("tiny-llama", S_LL_TAG); }
+Test (tp, dp_attention_graphs_q8) { s_dp_graphs ("tiny-llama-q8", S_LL_TAG); }
+/* An MoE model (moe-local, every rank all experts: nothing exchanged):
+ * its decode steps replay once the dispatcher gives device offsets (after
+ * the first decode step), the expert pass inside the graph. */
+Test (tp, dp_attention_graphs_moe) { s_dp_graphs ("tiny-moe", S_LL_TAG); }
+/* deepseek2 (MLA: attn-mla's host-side prepare runs before each capture
+ * or replay of the padded batch; a rank's first padded step runs op by op
+ * beside the replaying one), the leading dense block's FFN split over the
+ * group, the MoE blocks on the device. */
+Test (tp, dp_attention_graphs_deepseek2) { s_dp_graphs ("tiny-deepseek2", S_DS_TAG); }
+
+
+/* [scheduler] cuda_graph_max_bs under tensor parallelism (2 ranks, comm-shm
+ * on kernels-cpu's emulated graphs): every rank runs the same batch, so
+ * every rank replays the same decode graph with the row-parallel
+ * all-reduces inside.  The logits of every prompt row and greedy step equal
+ * those of the ranks without graphs, bit for bit, on both ranks; the
+ * 1-row graph exists only with graphs on. */
+static void s_tp_graphs (const char *model, uint64_t tag)
+{
+    struct ref_prompts rp;
+    char *gguf = s_ref_load (model, &rp);
+    struct tp_job j = { .gguf = gguf, .n_prompts = rp.n, .n_gen = 8, .comm = "shm", .group = s_group ("tpg"),
+                        .timeout_s = 60, .graph_bs = 2, .graph_tag = tag };
+    for (int32_t i = 0; i < rp.n; i++) {
+        j.prompt[i] = rp.ids[i];
+        j.n_prompt[i] = rp.len[i];
+    }
+    struct tp_out gr[2], eg[2];
+    s_run_ranks (&j, 2, gr);
+    j.graph_bs = 0;
+    j.group = s_group ("tpe");
+    s_run_ranks (&j, 2, eg);
+    for (int r = 0; r < 2; r++) {
+        cr_assert_eq (gr[r].h.rc, RX_OK, "%s: graphs, rank %d: %s", model, r, gr[r].h.msg);
+        cr_assert_eq (eg[r].h.rc, RX_OK, "%s: op by op, rank %d: %s", model, r, eg[r].h.msg);
+        cr_assert (gr[r].h.graph[1] && !gr[r].h.graph[2], "%s: rank %d: the 1-row graph only (%d %d)", model, r, gr[r].h.graph[1],
+                   gr[r].h.graph[2]);
+        cr_assert (!eg[r].h.graph[1], "%s: rank %d: no graph when off", model, r);
+        cr_assert_eq (gr[r].h.n_rows, eg[r].h.n_rows);
+        cr_assert (!memcmp (gr[r].h.gen, eg[r].h.gen, sizeof gr[r].h.gen), "%s: rank %d: the same greedy tokens", model, r);
+        const size_t V = (size_t) gr[r].h.n_vocab;
+        for (int32_t i = 0; i < gr[r].h.n_rows; i++)
+            cr_assert (!memcmp (gr[r].logits + (size_t) i * V, eg[r].logits + (size_t) i * V, V * sizeof (float)),
+                       "%s: rank %d row %d: graph replay == op by op, bit for bit", model, r, i);
+        s_out_free (&gr[r]);
+        s_out_free (&eg[r]);
+    }
+    s_ref_free (&rp);
+    free (gguf);
+}
+
+Test (tp, tp2_graphs) { s_tp_graphs ("tiny-llama", S_LL_TAG); }
+/* deepseek2 under TP: heads split (their all-reduce inside the graph),
+ * MoE replicated on the device. */
+Test (tp, tp2_graphs_deepseek2) { s_tp_graphs ("tiny-deepseek2", S_DS_TAG); }
 
 /* MoE under DP attention (tiny-moe: F16; prompts of 5 and 6 tokens in
  * phase 1, 61 in phase 2 with rank 1 idle): every dispatcher gives each
