@@ -536,3 +536,102 @@ void rx_kcpu_moe_combine (struct rx_kcpu *k, const float *y, size_t ldy, const i
                            .k = kk, .dim = dim, .accumulate = accumulate };
     s_rows_run (k, n_tok, (double) n_tok * (double) kk * (double) dim * 2, s_combine_fn, &c);
 }
+
+/* ------------------------- low-latency expert-parallel exchange (ABI 1.4) -- */
+
+/* The rank that owns expert e when the experts split as first(p) = p *
+ * n_expert / n_rank: first(p) <= e  <=>  p * n_expert < (e + 1) * n_rank,
+ * so the owner (the largest such p) is ceil((e + 1) * n_rank / n_expert) - 1
+ * (kernels-cuda's s_ll_owner is the same formula).  n_expert < 2^31 and
+ * n_rank <= n_expert: no overflow in size_t. */
+static size_t s_ll_owner (size_t e, size_t n_expert, size_t n_rank)
+{
+    return ((e + 1) * n_rank - 1) / n_expert;
+}
+
+static size_t s_ll_first (size_t p, size_t n_expert, size_t n_rank)
+{
+    return p * n_expert / n_rank;
+}
+
+void rx_kcpu_moe_ll_pack (const float *x, size_t ldx, const int32_t *ids, const int32_t *offsets,
+                          const int32_t *row, const int32_t *src, size_t n_tok, size_t kk,
+                          size_t n_expert, size_t n_rank, size_t slots, size_t hrows, size_t dim,
+                          float *send, int32_t *slot_of)
+{
+    const size_t blk_rows = hrows + slots;
+    for (size_t p = 0; p < n_rank; p++) {
+        const size_t f0 = s_ll_first (p, n_expert, n_rank), f1 = s_ll_first (p + 1, n_expert, n_rank);
+        float *blk = send + p * blk_rows * dim;
+        /* the header: counts as int32 bit patterns, zeros after them */
+        memset (blk, 0, hrows * dim * sizeof *blk);
+        for (size_t e = f0; e < f1; e++) {
+            const int32_t c = offsets[e + 1] - offsets[e];
+            memcpy (blk + (e - f0), &c, sizeof c);
+        }
+        /* rank p's rows are the sorted rows of its experts, in order */
+        const size_t base = (size_t) offsets[f0], c_p = (size_t) (offsets[f1] - offsets[f0]);
+        for (size_t i = 0; i < c_p; i++)
+            memcpy (blk + (hrows + i) * dim, x + (size_t) src[base + i] * ldx, dim * sizeof *blk);
+    }
+    for (size_t i = 0; i < n_tok * kk; i++) {
+        const int32_t e = ids[i];
+        if (row[i] < 0 || e < 0 || (size_t) e >= n_expert) {
+            slot_of[i] = -1;
+            continue;
+        }
+        const size_t p = s_ll_owner ((size_t) e, n_expert, n_rank);
+        slot_of[i] = (int32_t) (p * blk_rows + hrows) + row[i] -
+                     offsets[s_ll_first (p, n_expert, n_rank)];
+    }
+}
+
+/* Count e of a header (int32 bit patterns), clamped to 0 .. room. */
+static size_t s_ll_count (const float *hdr, size_t e, size_t room)
+{
+    int32_t c;
+    memcpy (&c, hdr + e, sizeof c);
+    if (c < 0) return 0;
+    return (size_t) c < room ? (size_t) c : room;
+}
+
+void rx_kcpu_moe_ll_unpack (const float *recv, size_t n_rank, size_t slots, size_t hrows,
+                            size_t dim, size_t n_local, int32_t *offsets, int32_t *order,
+                            int32_t *back)
+{
+    /* moe_sort's scheme with offsets as the only scratch: sum the clamped
+     * counts into offsets[e + 1], prefix-sum them (offsets[e] = e's first
+     * routed row), place block by block with offsets[e] as e's cursor (the
+     * blocks in rank order make the rows rank-minor), then shift back. */
+    const size_t blk_rows = hrows + slots;
+    memset (offsets, 0, (n_local + 1) * sizeof *offsets);
+    for (size_t q = 0; q < n_rank; q++) {
+        const float *hdr = recv + q * blk_rows * dim;
+        size_t run = 0;
+        for (size_t e = 0; e < n_local; e++) {
+            const size_t c = s_ll_count (hdr, e, slots - run);
+            run += c;
+            offsets[e + 1] += (int32_t) c;
+        }
+    }
+    for (size_t e = 0; e < n_local; e++) offsets[e + 1] += offsets[e];
+    for (size_t r = 0; r < n_rank * slots; r++) order[r] = -1;
+    for (size_t i = 0; i < n_rank * blk_rows; i++) back[i] = -1;
+    for (size_t q = 0; q < n_rank; q++) {
+        const float *hdr = recv + q * blk_rows * dim;
+        size_t run = 0;
+        for (size_t e = 0; e < n_local; e++) {
+            const size_t c = s_ll_count (hdr, e, slots - run);
+            for (size_t i = 0; i < c; i++) {
+                const int32_t rr = (int32_t) (q * blk_rows + hrows + run + i);
+                const int32_t routed = offsets[e] + (int32_t) i;
+                order[routed] = rr;
+                back[rr] = routed;
+            }
+            run += c;
+            offsets[e] += (int32_t) c;
+        }
+    }
+    for (size_t e = n_local; e > 0; e--) offsets[e] = offsets[e - 1];
+    offsets[0] = 0;
+}

@@ -51,6 +51,17 @@ void rx_kcpu_moe_combine (struct rx_kcpu *k, const float *y, size_t ldy, const i
                           const float *w, size_t n_tok, size_t kk, size_t dim, float *out,
                           size_t ldo, int accumulate);
 
+/* radix/kernel.h 1.4 moe_ll_pack and moe_ll_unpack (arguments checked by
+ * the caller).  Serial: O(n_rank * slots) index work and one row copy per
+ * sent row, a decode step's worth. */
+void rx_kcpu_moe_ll_pack (const float *x, size_t ldx, const int32_t *ids, const int32_t *offsets,
+                          const int32_t *row, const int32_t *src, size_t n_tok, size_t kk,
+                          size_t n_expert, size_t n_rank, size_t slots, size_t hrows, size_t dim,
+                          float *send, int32_t *slot_of);
+void rx_kcpu_moe_ll_unpack (const float *recv, size_t n_rank, size_t slots, size_t hrows,
+                            size_t dim, size_t n_local, int32_t *offsets, int32_t *order,
+                            int32_t *back);
+
 /* YaRN correction range (GGML's ggml_rope_yarn_corr_dims). */
 void rx_kcpu_rope_corr_dims (int n_dims, int n_ctx_orig, float freq_base, float beta_fast,
                              float beta_slow, float dims[2]);

@@ -962,6 +962,95 @@ static int s_moe_combine (void *be, rx_kstream_t *s, const float *y, size_t ldy,
     return RX_OK;
 }
 
+/* -- the low-latency expert-parallel exchange (kernel ABI 1.4) -- */
+
+/* The layout's sizes, common to pack and unpack: n_rank blocks of hrows +
+ * slots rows of dim floats, rows counted in int32 (slot_of, order, back). */
+static int s_ll_layout (const char *s_op, size_t n_rank, size_t slots, size_t hrows, size_t dim,
+                        struct rx_err *err)
+{
+    S_NEED (n_rank >= 1, "kernels-cpu %s: n_rank is 0", s_op);
+    S_NEED (hrows >= 1 && dim >= 1, "kernels-cpu %s: hrows %zu and dim %zu must be >= 1 (the "
+            "header holds the counts)", s_op, hrows, dim);
+    S_NEED (slots <= (size_t) INT32_MAX / n_rank && hrows <= (size_t) INT32_MAX / n_rank - slots &&
+            n_rank * (hrows + slots) <= SIZE_MAX / sizeof (float) / dim,
+            "kernels-cpu %s: %zu blocks of %zu + %zu rows do not fit int32 row numbers", s_op,
+            n_rank, hrows, slots);
+    return RX_OK;
+}
+
+/* The offsets, row and src are device memory, which the CPU can read:
+ * checked here (moe_sort's shape: offsets[0] = 0, nondecreasing, at most
+ * n_tok * k rows; src rows of x), so a bad one is an error rather than a
+ * write past a block.  A GPU backend trusts moe_sort's. */
+static int s_moe_ll_pack (void *be, rx_kstream_t *s, const float *x, size_t ldx, const int32_t *ids,
+                          const int32_t *offsets, const int32_t *row, const int32_t *src, size_t n_tok,
+                          size_t kk, size_t n_expert, size_t n_rank, size_t slots, size_t hrows,
+                          size_t dim, float *send, int32_t *slot_of, struct rx_err *err)
+{
+    S_BEGIN ("moe_ll_pack");
+    S_NEED (n_expert >= 1 && n_expert < INT32_MAX, "kernels-cpu moe_ll_pack: n_expert %zu "
+            "(1..2^31-2)", n_expert);
+    S_NEED (n_rank >= 1 && n_rank <= n_expert, "kernels-cpu moe_ll_pack: n_rank %zu outside "
+            "1..n_expert (%zu): every rank owns at least one expert", n_rank, n_expert);
+    S_NEED (kk >= 1, "kernels-cpu moe_ll_pack: k is 0");
+    int rc = s_ll_layout (s_op, n_rank, slots, hrows, dim, err);
+    if (rc != RX_OK) return rc;
+    S_NEED (n_tok <= slots / kk, "kernels-cpu moe_ll_pack: %zu tokens x k = %zu choices exceed "
+            "the %zu slots of a block", n_tok, kk, slots);
+    const size_t most = (n_expert + n_rank - 1) / n_rank;
+    S_NEED (hrows * dim >= most, "kernels-cpu moe_ll_pack: a header of %zu x %zu int32 cannot "
+            "hold the largest rank's %zu expert counts (%zu experts over %zu ranks)", hrows, dim,
+            most, n_expert, n_rank);
+    S_NEED (offsets && send, "kernels-cpu moe_ll_pack: offsets or send is NULL (the headers are "
+            "written even for n_tok 0)");
+    S_NEED (n_tok == 0 || (x && ids && row && src && slot_of),
+            "kernels-cpu moe_ll_pack: x, ids, row, src or slot_of is NULL");
+    S_NEED (n_tok == 0 || ldx >= dim, "kernels-cpu moe_ll_pack: ldx = %zu is smaller than dim %zu",
+            ldx, dim);
+    S_DEV (x);
+    S_DEV (ids);
+    S_DEV (offsets);
+    S_DEV (row);
+    S_DEV (src);
+    S_DEV (send);
+    S_DEV (slot_of);
+    const int32_t n = (int32_t) (n_tok * kk);
+    S_NEED (offsets[0] == 0, "kernels-cpu moe_ll_pack: offsets[0] = %d, not 0", offsets[0]);
+    for (size_t e = 0; e < n_expert; e++)
+        S_NEED (offsets[e + 1] >= offsets[e] && offsets[e + 1] <= n,
+                "kernels-cpu moe_ll_pack: offsets[%zu] = %d after offsets[%zu] = %d (moe_sort's "
+                "offsets are nondecreasing, at most n_tok * k = %d)", e + 1, offsets[e + 1], e,
+                offsets[e], n);
+    for (int32_t r = 0; r < offsets[n_expert]; r++)
+        S_NEED (src[r] >= 0 && (size_t) src[r] < n_tok, "kernels-cpu moe_ll_pack: src[%d] = %d is "
+                "not a token (0..%zu)", r, src[r], n_tok - 1);
+    rx_kcpu_moe_ll_pack (x, ldx, ids, offsets, row, src, n_tok, kk, n_expert, n_rank, slots, hrows,
+                         dim, send, slot_of);
+    return RX_OK;
+}
+
+/* The counts arrived from peers and are clamped, not checked (as on a
+ * GPU): both backends compute the same from a corrupted header. */
+static int s_moe_ll_unpack (void *be, rx_kstream_t *s, const float *recv, size_t n_rank, size_t slots,
+                            size_t hrows, size_t dim, size_t n_local, int32_t *offsets, int32_t *order,
+                            int32_t *back, struct rx_err *err)
+{
+    S_BEGIN ("moe_ll_unpack");
+    int rc = s_ll_layout (s_op, n_rank, slots, hrows, dim, err);
+    if (rc != RX_OK) return rc;
+    S_NEED (n_local >= 1 && n_local <= hrows * dim, "kernels-cpu moe_ll_unpack: n_local %zu outside "
+            "1..%zu (the header's hrows x dim int32)", n_local, hrows * dim);
+    S_NEED (recv && offsets && order && back,
+            "kernels-cpu moe_ll_unpack: recv, offsets, order or back is NULL");
+    S_DEV (recv);
+    S_DEV (offsets);
+    S_DEV (order);
+    S_DEV (back);
+    rx_kcpu_moe_ll_unpack (recv, n_rank, slots, hrows, dim, n_local, offsets, order, back);
+    return RX_OK;
+}
+
 static int s_pool_check (const struct rx_kv_pool *pool, const char *s_op, struct rx_err *err)
 {
     S_NEED (pool, "kernels-cpu %s: pool is NULL", s_op);
@@ -1120,6 +1209,12 @@ S_GUARDED (matmul_grouped, (void *be, rx_kstream_t *s, const rx_kweight_t *w, co
 S_GUARDED (moe_combine, (void *be, rx_kstream_t *s, const float *y, size_t ldy, const int32_t *row, const float *w, size_t n_tok, size_t kk, size_t dim, float *out, size_t ldo, uint32_t flags, struct rx_err *err),
            (be, s, y, ldy, row, w, n_tok, kk, dim, out, ldo, flags, err))
 
+S_GUARDED (moe_ll_pack, (void *be, rx_kstream_t *s, const float *x, size_t ldx, const int32_t *ids, const int32_t *offsets, const int32_t *row, const int32_t *src, size_t n_tok, size_t kk, size_t n_expert, size_t n_rank, size_t slots, size_t hrows, size_t dim, float *send, int32_t *slot_of, struct rx_err *err),
+           (be, s, x, ldx, ids, offsets, row, src, n_tok, kk, n_expert, n_rank, slots, hrows, dim, send, slot_of, err))
+
+S_GUARDED (moe_ll_unpack, (void *be, rx_kstream_t *s, const float *recv, size_t n_rank, size_t slots, size_t hrows, size_t dim, size_t n_local, int32_t *offsets, int32_t *order, int32_t *back, struct rx_err *err),
+           (be, s, recv, n_rank, slots, hrows, dim, n_local, offsets, order, back, err))
+
 S_GUARDED (kv_store, (void *be, rx_kstream_t *s, const struct rx_kv_pool *pool, const float *kx, size_t ldk, const float *vx, size_t ldv, const int32_t *slots, size_t n_tok, struct rx_err *err),
            (be, s, pool, kx, ldk, vx, ldv, slots, n_tok, err))
 
@@ -1216,6 +1311,17 @@ S_CAPTURED (moe_combine, (void *be, rx_kstream_t *s, const float *y, size_t ldy,
             (const float *y; size_t ldy; const int32_t *row; const float *w; size_t n_tok, kk, dim; float *out; size_t ldo; uint32_t flags;),
             (y, ldy, row, w, n_tok, kk, dim, out, ldo, flags),
             (a->y, a->ldy, a->row, a->w, a->n_tok, a->kk, a->dim, a->out, a->ldo, a->flags))
+
+/* The low-latency exchange (ABI 1.4): pointers and sizes too, so a
+ * replay packs and unpacks the routing and counts of launch time. */
+S_CAPTURED (moe_ll_pack, (void *be, rx_kstream_t *s, const float *x, size_t ldx, const int32_t *ids, const int32_t *offsets, const int32_t *row, const int32_t *src, size_t n_tok, size_t kk, size_t n_expert, size_t n_rank, size_t slots, size_t hrows, size_t dim, float *send, int32_t *slot_of, struct rx_err *err),
+            (const float *x; size_t ldx; const int32_t *ids; const int32_t *offsets; const int32_t *row; const int32_t *src; size_t n_tok, kk, n_expert, n_rank, slots, hrows, dim; float *send; int32_t *slot_of;),
+            (x, ldx, ids, offsets, row, src, n_tok, kk, n_expert, n_rank, slots, hrows, dim, send, slot_of),
+            (a->x, a->ldx, a->ids, a->offsets, a->row, a->src, a->n_tok, a->kk, a->n_expert, a->n_rank, a->slots, a->hrows, a->dim, a->send, a->slot_of))
+S_CAPTURED (moe_ll_unpack, (void *be, rx_kstream_t *s, const float *recv, size_t n_rank, size_t slots, size_t hrows, size_t dim, size_t n_local, int32_t *offsets, int32_t *order, int32_t *back, struct rx_err *err),
+            (const float *recv; size_t n_rank, slots, hrows, dim, n_local; int32_t *offsets; int32_t *order; int32_t *back;),
+            (recv, n_rank, slots, hrows, dim, n_local, offsets, order, back),
+            (a->recv, a->n_rank, a->slots, a->hrows, a->dim, a->n_local, a->offsets, a->order, a->back))
 
 /* The ops whose parameter structs are copied into the record. */
 struct r_rope {
@@ -1410,6 +1516,8 @@ static const struct rx_kernels_ops s_ops = {
     .matmul_grouped = x_matmul_grouped,
     .moe_combine = x_moe_combine,
     .host_fn = x_host_fn,
+    .moe_ll_pack = x_moe_ll_pack,
+    .moe_ll_unpack = x_moe_ll_unpack,
 };
 
 RX_PLUGIN_DEFINE (.kind = RX_KIND_KERNELS, .name = "cpu", .version = S_VERSION,

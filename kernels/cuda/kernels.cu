@@ -1371,3 +1371,195 @@ extern "C" int rx_cuk_moe_combine (cudaStream_t st, const float *y, size_t ldy, 
         y, ldy, row, w, n_tok, k, dim, out, ldo, accumulate);
     return s_status ();
 }
+
+/* ---------------- the low-latency expert-parallel exchange (ABI 1.4) ---- */
+
+/* Rank p's first expert, first(p) = p * n_expert / n_rank, and the owner
+ * of expert e: first(p) <= e <=> p * n_expert < (e + 1) * n_rank, so the
+ * largest such p is ceil((e + 1) * n_rank / n_expert) - 1 (kernels-cpu
+ * ops.c rx_kcpu_moe_ll_owner). */
+static __device__ __forceinline__ long long s_ll_first (long long p, int n_expert, int n_rank)
+{
+    return p * n_expert / n_rank;
+}
+
+static __device__ __forceinline__ int s_ll_owner (int e, int n_expert, int n_rank)
+{
+    return (int) (((long long) (e + 1) * n_rank - 1) / n_expert);
+}
+
+/* The header floats of every block: rank p's counts as int32 bit
+ * patterns, zeros after them.  hw = hrows * dim, bf = a block's floats. */
+static __global__ void k_ll_header (const int32_t *offsets, int n_expert, int n_rank, size_t hw,
+                                    size_t bf, float *send)
+{
+    const size_t total = (size_t) n_rank * hw;
+    for (size_t t = blockIdx.x * (size_t) blockDim.x + threadIdx.x; t < total;
+         t += (size_t) gridDim.x * blockDim.x) {
+        const int p = (int) (t / hw);
+        const size_t h = t % hw;
+        const long long f0 = s_ll_first (p, n_expert, n_rank), f1 = s_ll_first (p + 1, n_expert, n_rank);
+        const int32_t c = (long long) h < f1 - f0 ? offsets[f0 + h + 1] - offsets[f0 + h] : 0;
+        send[(size_t) p * bf + h] = __int_as_float (c);
+    }
+}
+
+/* One thread per (sorted row, column): sorted row r of expert e goes to
+ * rank p = owner(e), row r - offsets[first(p)] after the header.  Rows
+ * past offsets[n_expert] (invalid choices) send nothing. */
+static __global__ void k_ll_rows (const float *x, size_t ldx, const int32_t *offsets,
+                                  const int32_t *src, int n, int n_expert, int n_rank, int hrows,
+                                  int slots, size_t dim, float *send)
+{
+    const size_t total = (size_t) n * dim;
+    for (size_t t = blockIdx.x * (size_t) blockDim.x + threadIdx.x; t < total;
+         t += (size_t) gridDim.x * blockDim.x) {
+        const int r = (int) (t / dim);
+        const size_t c = t % dim;
+        const int e = s_expert_of (offsets, n_expert, r);
+        if (e < 0) continue;
+        const int p = s_ll_owner (e, n_expert, n_rank);
+        const long long i = r - (long long) offsets[s_ll_first (p, n_expert, n_rank)];
+        const int32_t tok = src[r];
+        if (i < 0 || i >= slots || tok < 0) continue;   /* only with offsets not moe_sort's */
+        send[((size_t) p * (hrows + slots) + hrows + (size_t) i) * dim + c] = x[(size_t) tok * ldx + c];
+    }
+}
+
+static __global__ void k_ll_slot (const int32_t *ids, const int32_t *row, const int32_t *offsets,
+                                  int n, int n_expert, int n_rank, int hrows, int slots,
+                                  int32_t *slot_of)
+{
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const int32_t e = ids[i], r = row[i];
+        if (r < 0 || e < 0 || e >= n_expert) {
+            slot_of[i] = -1;
+            continue;
+        }
+        const int p = s_ll_owner (e, n_expert, n_rank);
+        slot_of[i] = (int32_t) ((long long) p * (hrows + slots) + hrows + r -
+                                offsets[s_ll_first (p, n_expert, n_rank)]);
+    }
+}
+
+extern "C" int rx_cuk_moe_ll_pack (cudaStream_t st, const float *x, size_t ldx, const int32_t *ids,
+                                   const int32_t *offsets, const int32_t *row, const int32_t *src,
+                                   size_t n, int n_expert, int n_rank, int slots, int hrows,
+                                   size_t dim, float *send, int32_t *slot_of)
+{
+    if (n > INT_MAX || n_expert < 1 || n_rank < 1 || n_rank > n_expert || hrows < 1 || dim == 0)
+        return (int) cudaErrorInvalidValue;
+    const size_t hw = (size_t) hrows * dim, bf = ((size_t) hrows + slots) * dim;
+    k_ll_header<<<rx_cuplan_blocks ((size_t) n_rank * hw, 256, S_MAX_GRID), 256, 0, st>>> (
+        offsets, n_expert, n_rank, hw, bf, send);
+    int rc = s_status ();
+    if (rc || n == 0) return rc;
+    k_ll_rows<<<rx_cuplan_blocks (n * dim, 256, S_MAX_GRID), 256, 0, st>>> (
+        x, ldx, offsets, src, (int) n, n_expert, n_rank, hrows, slots, dim, send);
+    rc = s_status ();
+    if (rc) return rc;
+    k_ll_slot<<<rx_cuplan_blocks (n, 256, S_MAX_GRID), 256, 0, st>>> (
+        ids, row, offsets, (int) n, n_expert, n_rank, hrows, slots, slot_of);
+    return s_status ();
+}
+
+/* The largest i in [0, n) with a[i] <= v, given a[0] <= v and a
+ * nondecreasing. */
+static __device__ __forceinline__ int s_last_le (const int32_t *a, int n, int v)
+{
+    int lo = 0, hi = n;
+    while (hi - lo > 1) {
+        const int mid = lo + (hi - lo) / 2;
+        if (a[mid] <= v) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* moe_ll_unpack in one block (rx_cuplan_moe_ll_unpack sizes smem):
+ *   1. a thread per block q reads its header, clamps each count (negative:
+ *      0; cut where the block's sum passes slots) and keeps the in-block
+ *      exclusive prefix pre[q][e] (pre[q][n_local] = the block's total);
+ *      c(q, e) = pre[q][e + 1] - pre[q][e];
+ *   2. a thread per expert sums its counts over the blocks (off[e + 1]),
+ *      and thread 0 prefix-sums off;
+ *   3. every thread fills order, back and offsets: e by binary search in
+ *      off or pre[q], the rank q (order) and the routed row (back) by a
+ *      walk over the ranks (rank-minor within e: (q, e)'s first routed
+ *      row is off[e] + sum over q' < q of c(q', e)).  The counts are small
+ *      (n_rank x n_local); O(log n_local + n_rank) per row. */
+static __global__ void k_ll_unpack (const float *recv, int n_rank, int slots, int hrows, size_t dim,
+                                    int n_local, int32_t *offsets, int32_t *order, int32_t *back)
+{
+    extern __shared__ int32_t ssm[];
+    const int L = n_local, B = hrows + slots;
+    int32_t *pre = ssm, *off = pre + n_rank * (L + 1);
+    for (int q = threadIdx.x; q < n_rank; q += blockDim.x) {
+        const float *hdr = recv + (size_t) q * B * dim;
+        int32_t *pq = pre + q * (L + 1);
+        int run = 0;
+        for (int e = 0; e < L; e++) {
+            int c = __float_as_int (hdr[e]);
+            c = c < 0 ? 0 : min (c, slots - run);
+            pq[e] = run;
+            run += c;
+        }
+        pq[L] = run;
+    }
+    __syncthreads ();
+    for (int e = threadIdx.x; e < L; e += blockDim.x) {
+        int sum = 0;
+        for (int q = 0; q < n_rank; q++) sum += pre[q * (L + 1) + e + 1] - pre[q * (L + 1) + e];
+        off[e + 1] = sum;
+    }
+    __syncthreads ();
+    if (threadIdx.x == 0) {
+        off[0] = 0;
+        for (int e = 0; e < L; e++) off[e + 1] += off[e];
+    }
+    __syncthreads ();
+    for (int e = threadIdx.x; e <= L; e += blockDim.x) offsets[e] = off[e];
+    const int total = off[L];
+    for (int r = threadIdx.x; r < n_rank * slots; r += blockDim.x) {
+        if (r >= total) {
+            order[r] = -1;
+            continue;
+        }
+        const int e = s_last_le (off, L, r);   /* off[e] <= r < off[e + 1] */
+        int q = 0, start = off[e];
+        for (;; q++) {                             /* ends: r < off[e + 1] */
+            const int c = pre[q * (L + 1) + e + 1] - pre[q * (L + 1) + e];
+            if (r < start + c) break;
+            start += c;
+        }
+        order[r] = q * B + hrows + pre[q * (L + 1) + e] + (r - start);
+    }
+    for (int j = threadIdx.x; j < n_rank * B; j += blockDim.x) {
+        const int q = j / B, i = j % B - hrows;
+        const int32_t *pq = pre + q * (L + 1);
+        if (i < 0 || i >= pq[L]) {
+            back[j] = -1;
+            continue;
+        }
+        const int e = s_last_le (pq, L, i);    /* pq[e] <= i < pq[e + 1] */
+        int start = off[e];
+        for (int v = 0; v < q; v++) start += pre[v * (L + 1) + e + 1] - pre[v * (L + 1) + e];
+        back[j] = start + (i - pq[e]);
+    }
+}
+
+extern "C" int rx_cuk_moe_ll_unpack (cudaStream_t st, const float *recv, int n_rank, int slots,
+                                     int hrows, size_t dim, int n_local, int32_t *offsets,
+                                     int32_t *order, int32_t *back, size_t smem)
+{
+    if (n_rank < 1 || n_local < 1 || slots < 0 || hrows < 1 || dim == 0)
+        return (int) cudaErrorInvalidValue;
+    if (smem > RX_CU_SMEM_DEFAULT) {
+        cudaError_t ce = cudaFuncSetAttribute (k_ll_unpack, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               (int) smem);
+        if (ce != cudaSuccess) return (int) ce;
+    }
+    k_ll_unpack<<<1, RX_CU_LL_THREADS, smem, st>>> (recv, n_rank, slots, hrows, dim, n_local,
+                                                    offsets, order, back);
+    return s_status ();
+}

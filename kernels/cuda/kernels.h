@@ -115,6 +115,24 @@ int rx_cuk_moe_combine (cudaStream_t st, const float *y, size_t ldy, const int32
                         const float *w, size_t n_tok, size_t k, size_t dim, float *out,
                         size_t ldo, int accumulate);
 
+/* ---- the low-latency expert-parallel exchange (radix/kernel.h
+ * moe_ll_pack, moe_ll_unpack) ---- */
+
+/* Every block's header (n_rank x hrows x dim floats), then, for n = n_tok
+ * * k > 0, the sent rows (one thread per sorted row and column) and
+ * slot_of (one per choice).  Sizes checked by plugin.c (n_rank * (hrows +
+ * slots) fits int32); a sorted row that would land outside its block
+ * (offsets not moe_sort's) is dropped. */
+int rx_cuk_moe_ll_pack (cudaStream_t st, const float *x, size_t ldx, const int32_t *ids,
+                        const int32_t *offsets, const int32_t *row, const int32_t *src, size_t n,
+                        int n_expert, int n_rank, int slots, int hrows, size_t dim, float *send,
+                        int32_t *slot_of);
+/* offsets, order and back from recv's headers in one block of
+ * RX_CU_LL_THREADS threads; smem from rx_cuplan_moe_ll_unpack. */
+int rx_cuk_moe_ll_unpack (cudaStream_t st, const float *recv, int n_rank, int slots, int hrows,
+                          size_t dim, int n_local, int32_t *offsets, int32_t *order, int32_t *back,
+                          size_t smem);
+
 #ifdef __cplusplus
 }
 #endif

@@ -179,3 +179,21 @@ int rx_cuplan_matmul_grouped (int dtype, size_t n, size_t in, size_t out, size_t
     }
     return RX_OK;
 }
+
+/* ------------------------------------ low-latency expert-parallel exchange -- */
+
+int rx_cuplan_moe_ll_unpack (size_t n_rank, size_t n_local, size_t *smem, struct rx_err *err)
+{
+    if (n_rank == 0 || n_local == 0)
+        return rx_err_set (err, RX_EINVAL, "kernels-cuda moe_ll_unpack: n_rank %zu and n_local "
+                           "%zu must be >= 1", n_rank, n_local);
+    /* int32: prefix [n_rank][n_local + 1], offsets [n_local + 1]: (n_rank +
+     * 1) x (n_local + 1) words, bounded before it is multiplied out. */
+    const size_t cap = RX_CU_LL_SMEM_MAX / sizeof (int32_t);
+    if (n_local >= cap || n_rank + 1 > cap / (n_local + 1))
+        return rx_err_set (err, RX_ENOTSUP, "kernels-cuda moe_ll_unpack: %zu ranks x %zu local "
+                           "experts need more than %d bytes of shared memory (the per-rank "
+                           "prefix sums of the counts)", n_rank, n_local, RX_CU_LL_SMEM_MAX);
+    if (smem) *smem = (n_rank + 1) * (n_local + 1) * sizeof (int32_t);
+    return RX_OK;
+}

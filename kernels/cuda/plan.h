@@ -173,6 +173,22 @@ struct rx_cugm_plan {
 int rx_cuplan_matmul_grouped (int dtype, size_t n, size_t in, size_t out, size_t slice_bytes,
                               struct rx_cugm_plan *p, struct rx_err *err);
 
+/* ---- the low-latency expert-parallel exchange (kernel ABI 1.4
+ * moe_ll_pack, moe_ll_unpack) ---- */
+
+/* Threads of moe_ll_unpack's single block. */
+#define RX_CU_LL_THREADS 512
+/* The most shared memory moe_ll_unpack takes (opting in above
+ * RX_CU_SMEM_DEFAULT): 96 KiB, which every target (sm_80 and up, sm_86's
+ * 99 KiB the least) grants. */
+#define RX_CU_LL_SMEM_MAX (96 * 1024)
+/* moe_ll_unpack runs as one block that keeps, in shared memory, every
+ * block's in-block prefix of the clamped counts (n_rank x (n_local + 1))
+ * and the offsets (n_local + 1), all int32: *smem bytes.  RX_ENOTSUP when
+ * that exceeds RX_CU_LL_SMEM_MAX (e.g. 64 ranks x 256 local experts take
+ * 65 KiB); RX_EINVAL for n_rank or n_local 0. */
+int rx_cuplan_moe_ll_unpack (size_t n_rank, size_t n_local, size_t *smem, struct rx_err *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -73,6 +73,14 @@ static void *s_up (struct be *b, const void *h, size_t bytes)
     return d;
 }
 
+/* Uninitialised device memory on backend b (at least one byte). */
+static void *s_alloc (struct be *b, size_t bytes)
+{
+    void *d = NULL;
+    TRY (b, b->K->alloc (b->be, bytes ? bytes : 1, 0, &d, err));
+    return d;
+}
+
 static void s_down (struct be *b, void *h, const void *d, size_t bytes)
 {
     TRY (b, b->K->copy_d2h (b->be, NULL, h, d, bytes, err));
@@ -545,6 +553,190 @@ static void s_moe_graph_case (int dtype)
     free (wf); free (wq); free (ids); free (x); free (cw); free (eager); free (replay);
 }
 
+/* ---------------------- the low-latency expert-parallel exchange (ABI 1.4) -- */
+
+static int s_have_ll (const char *what)
+{
+    if (RX_HAS (struct rx_kernels_ops, G.K, moe_ll_unpack) &&
+        RX_HAS (struct rx_kernels_ops, C.K, moe_ll_unpack) && G.K->moe_ll_pack &&
+        C.K->moe_ll_pack && G.K->moe_ll_unpack && C.K->moe_ll_unpack && G.K->moe_sort && C.K->moe_sort)
+        return 1;
+    printf ("SKIP  %s: a backend lacks the ABI 1.4 low-latency exchange ops\n", what);
+    return 0;
+}
+
+/* moe_ll_pack on both backends from the same moe_sort output (kernels-
+ * cpu's): every block (headers, sent rows, and the junk kept in unsent
+ * rows) and slot_of bit for bit.  skew: most choices go to expert 0. */
+static void s_ll_pack_case (size_t n_tok, size_t k, size_t n_expert, size_t n_rank, size_t slots,
+                            size_t hrows, size_t dim, int skew)
+{
+    if (!s_have_ll ("moe_ll_pack")) return;
+    const size_t n = n_tok * k, ldx = dim + 3, blk = (hrows + slots) * dim;
+    int32_t *ids = s_ids (n, n_expert, 1);
+    if (skew)
+        for (size_t i = 0; i < n; i++)
+            if (i % 5 != 4) ids[i] = 0;
+    float *x = s_rand ((n_tok ? n_tok : 1) * ldx, 2.f), *junk = s_rand (n_rank * blk, 9.f);
+    int32_t *off = malloc ((n_expert + 1) * 4), *row = malloc ((n ? n : 1) * 4),
+            *src = malloc ((n ? n : 1) * 4);
+    {
+        int32_t *di = s_up (&C, ids, n * 4), *doff = s_alloc (&C, (n_expert + 1) * 4);
+        int32_t *drow = s_alloc (&C, n * 4), *dsrc = s_alloc (&C, n * 4);
+        TRY (&C, C.K->moe_sort (C.be, NULL, di, n_tok, k, n_expert, doff, drow, dsrc, err));
+        s_down (&C, off, doff, (n_expert + 1) * 4);
+        if (n) s_down (&C, row, drow, n * 4);
+        if (n) s_down (&C, src, dsrc, n * 4);
+        C.K->free_ (C.be, di); C.K->free_ (C.be, doff); C.K->free_ (C.be, drow); C.K->free_ (C.be, dsrc);
+    }
+    float *send[2] = { malloc (n_rank * blk * 4), malloc (n_rank * blk * 4) };
+    int32_t *slot[2] = { malloc ((n ? n : 1) * 4), malloc ((n ? n : 1) * 4) };
+    struct be *bs[2] = { &C, &G };
+    for (int i = 0; i < 2; i++) {
+        struct be *b = bs[i];
+        float *dx = s_up (b, x, n_tok * ldx * 4), *dsend = s_up (b, junk, n_rank * blk * 4);
+        int32_t *di = s_up (b, ids, n * 4), *doff = s_up (b, off, (n_expert + 1) * 4);
+        int32_t *drow = s_up (b, row, n * 4), *dsrc = s_up (b, src, n * 4), *dslot = s_alloc (b, n * 4);
+        TRY (b, b->K->moe_ll_pack (b->be, NULL, n_tok ? dx : NULL, ldx, n_tok ? di : NULL, doff,
+                                   n_tok ? drow : NULL, n_tok ? dsrc : NULL, n_tok, k, n_expert, n_rank,
+                                   slots, hrows, dim, dsend, n_tok ? dslot : NULL, err));
+        s_down (b, send[i], dsend, n_rank * blk * 4);
+        if (n) s_down (b, slot[i], dslot, n * 4);
+        void *fr[] = { dx, dsend, di, doff, drow, dsrc, dslot };
+        for (size_t j = 0; j < sizeof fr / sizeof fr[0]; j++) b->K->free_ (b->be, fr[j]);
+    }
+    char what[128];
+    snprintf (what, sizeof what, "moe_ll_pack tok %zu k %zu experts %zu ranks %zu hrows %zu%s: send",
+              n_tok, k, n_expert, n_rank, hrows, skew ? " skewed" : "");
+    s_check_i (what, (const int32_t *) send[1], (const int32_t *) send[0], n_rank * blk);
+    if (n) {
+        snprintf (what, sizeof what, "moe_ll_pack tok %zu k %zu experts %zu ranks %zu: slot_of", n_tok,
+                  k, n_expert, n_rank);
+        s_check_i (what, slot[1], slot[0], n);
+    }
+    free (ids); free (x); free (junk); free (off); free (row); free (src);
+    for (int i = 0; i < 2; i++) { free (send[i]); free (slot[i]); }
+}
+
+/* moe_ll_unpack of a recv buffer with random headers: each block's counts
+ * a random split of up to `slots` rows over n_local experts, or with
+ * corrupt = 1 some negative counts and sums past slots (both backends
+ * clamp alike).  offsets, order and back, exactly. */
+static void s_ll_unpack_case (size_t n_rank, size_t slots, size_t hrows, size_t dim, size_t n_local,
+                              int corrupt)
+{
+    if (!s_have_ll ("moe_ll_unpack")) return;
+    const size_t blk = (hrows + slots) * dim, nb = n_rank * (hrows + slots);
+    float *recv = s_rand (n_rank * blk, 1.f);
+    for (size_t q = 0; q < n_rank; q++) {
+        int32_t *h = malloc (hrows * dim * 4);
+        size_t left = (size_t) ((s_unif () * 0.5f + 0.5f) * (float) (slots + 1));
+        if (left > slots) left = slots;
+        for (size_t e = 0; e < hrows * dim; e++) h[e] = 0;
+        for (size_t e = 0; e < n_local; e++) {
+            size_t c = e + 1 == n_local ? left : (size_t) ((s_unif () * 0.5f + 0.5f) * (float) (left + 1));
+            if (c > left) c = left;
+            h[e] = (int32_t) c;
+            left -= c;
+        }
+        if (corrupt) {
+            h[q % n_local] = -7;
+            h[(q + 1) % n_local] += (int32_t) slots;   /* the block's sum passes slots */
+        }
+        memcpy (recv + q * blk, h, hrows * dim * 4);
+        free (h);
+    }
+    int32_t *res[2][3];
+    struct be *bs[2] = { &C, &G };
+    for (int i = 0; i < 2; i++) {
+        struct be *b = bs[i];
+        float *dr = s_up (b, recv, n_rank * blk * 4);
+        int32_t *doff = s_alloc (b, (n_local + 1) * 4), *dord = s_alloc (b, n_rank * slots * 4),
+                *dback = s_alloc (b, nb * 4);
+        TRY (b, b->K->moe_ll_unpack (b->be, NULL, dr, n_rank, slots, hrows, dim, n_local, doff, dord,
+                                     dback, err));
+        res[i][0] = malloc ((n_local + 1) * 4);
+        res[i][1] = malloc ((slots ? n_rank * slots : 1) * 4);
+        res[i][2] = malloc (nb * 4);
+        s_down (b, res[i][0], doff, (n_local + 1) * 4);
+        if (slots) s_down (b, res[i][1], dord, n_rank * slots * 4);
+        s_down (b, res[i][2], dback, nb * 4);
+        b->K->free_ (b->be, dr); b->K->free_ (b->be, doff); b->K->free_ (b->be, dord);
+        b->K->free_ (b->be, dback);
+    }
+    char what[128];
+    snprintf (what, sizeof what, "moe_ll_unpack ranks %zu slots %zu hrows %zu local %zu%s: offsets",
+              n_rank, slots, hrows, n_local, corrupt ? " (clamped)" : "");
+    s_check_i (what, res[1][0], res[0][0], n_local + 1);
+    snprintf (what, sizeof what, "moe_ll_unpack ranks %zu slots %zu local %zu: order", n_rank, slots,
+              n_local);
+    s_check_i (what, res[1][1], res[0][1], n_rank * slots);
+    snprintf (what, sizeof what, "moe_ll_unpack ranks %zu slots %zu local %zu: back", n_rank, slots,
+              n_local);
+    s_check_i (what, res[1][2], res[0][2], nb);
+    for (int i = 0; i < 2; i++)
+        for (int a = 0; a < 3; a++) free (res[i][a]);
+    free (recv);
+}
+
+/* moe_sort, moe_ll_pack and moe_ll_unpack (the send buffer read back as
+ * if every rank had sent the same) captured as one graph on the compared
+ * backend and replayed: the same bits as the eager run. */
+static void s_ll_graph_case (void)
+{
+    struct rx_kernels_info gi = { .struct_size = sizeof gi };
+    G.K->info (G.be, &gi);
+    if (!(gi.caps & RX_KCAP_GRAPHS)) {
+        printf ("SKIP  moe_ll graph: backend %s does not capture\n", gi.name);
+        return;
+    }
+    if (!s_have_ll ("moe_ll graph")) return;
+    const struct rx_kernels_ops *K = G.K;
+    const size_t n_tok = 5, k = 4, n_exp = 10, n_rank = 3, slots = 24, hrows = 1, dim = 16;
+    const size_t n = n_tok * k, blk = (hrows + slots) * dim, nb = n_rank * (hrows + slots);
+    int32_t *ids = s_ids (n, n_exp, 1);
+    float *x = s_rand (n_tok * dim, 1.f);
+    int32_t *di = s_up (&G, ids, n * 4), *doff = s_alloc (&G, (n_exp + 1) * 4);
+    int32_t *drow = s_alloc (&G, n * 4), *dsrc = s_alloc (&G, n * 4), *dslot = s_alloc (&G, n * 4);
+    int32_t *loff = s_alloc (&G, 5 * 4), *dord = s_alloc (&G, n_rank * slots * 4);
+    int32_t *dback = s_alloc (&G, nb * 4);
+    float *dx = s_up (&G, x, n_tok * dim * 4), *dsend = s_alloc (&G, n_rank * blk * 4);
+    rx_kstream_t *st = NULL;
+    TRY (&G, K->stream_create (G.be, &st, err));
+    const size_t nres = n_rank * blk + n + 5 + n_rank * slots + nb;
+    int32_t *res[2] = { malloc (nres * 4), malloc (nres * 4) };
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) TRY (&G, K->graph_begin (G.be, st, 78, err));
+        TRY (&G, K->memset_ (G.be, st, dsend, 0, n_rank * blk * 4, err));
+        TRY (&G, K->moe_sort (G.be, st, di, n_tok, k, n_exp, doff, drow, dsrc, err));
+        TRY (&G, K->moe_ll_pack (G.be, st, dx, dim, di, doff, drow, dsrc, n_tok, k, n_exp, n_rank, slots,
+                                 hrows, dim, dsend, dslot, err));
+        /* rank 0 owns experts 0..2 (first(1) = 10 / 3 = 3) */
+        TRY (&G, K->moe_ll_unpack (G.be, st, dsend, n_rank, slots, hrows, dim, 3, loff, dord, dback, err));
+        if (pass == 1) {
+            TRY (&G, K->graph_end (G.be, st, 78, err));
+            TRY (&G, K->memset_ (G.be, st, dsend, 0xff, n_rank * blk * 4, err));
+            TRY (&G, K->memset_ (G.be, st, dslot, 0xff, n * 4, err));
+            TRY (&G, K->memset_ (G.be, st, dord, 0xff, n_rank * slots * 4, err));
+            TRY (&G, K->memset_ (G.be, st, dback, 0xff, nb * 4, err));
+            TRY (&G, K->graph_launch (G.be, st, 78, err));
+        }
+        TRY (&G, K->synchronize (G.be, st, err));
+        int32_t *o = res[pass];
+        TRY (&G, K->copy_d2h (G.be, st, o, dsend, n_rank * blk * 4, err));
+        TRY (&G, K->copy_d2h (G.be, st, o + n_rank * blk, dslot, n * 4, err));
+        TRY (&G, K->copy_d2h (G.be, st, o + n_rank * blk + n, loff, 5 * 4, err));
+        TRY (&G, K->copy_d2h (G.be, st, o + n_rank * blk + n + 5, dord, n_rank * slots * 4, err));
+        TRY (&G, K->copy_d2h (G.be, st, o + n_rank * blk + n + 5 + n_rank * slots, dback, nb * 4, err));
+        TRY (&G, K->synchronize (G.be, st, err));
+    }
+    s_check_i ("moe_ll pack + unpack: graph replay = eager", res[1], res[0], nres);
+    K->stream_destroy (G.be, st);
+    void *fr[] = { di, doff, drow, dsrc, dslot, loff, dord, dback, dx, dsend };
+    for (size_t j = 0; j < sizeof fr / sizeof fr[0]; j++) K->free_ (G.be, fr[j]);
+    free (ids); free (x); free (res[0]); free (res[1]);
+}
+
 /* ------------------------------------------------------------ attention -- */
 
 static void s_attn_case (const char *label, int dtype, int n_kv, int hd_k, int hd_v, int n_head,
@@ -739,6 +931,22 @@ int main (int argc, char **argv)
     }
     s_moe_graph_case (RX_Q8_0);
     s_moe_graph_case (RX_BF16);
+    /* the low-latency exchange: a rank alone, two, three with 10 experts
+     * (3 + 3 + 4), a decode of one token, n_tok 0 (headers only), skew */
+    s_ll_pack_case (4, 2, 8, 1, 8, 1, 16, 0);
+    s_ll_pack_case (6, 4, 16, 2, 32, 1, 24, 0);
+    s_ll_pack_case (7, 3, 10, 3, 24, 2, 4, 0);      /* hrows 2: 8 int32 hold 4 counts */
+    s_ll_pack_case (1, 8, 256, 8, 8, 1, 64, 0);
+    s_ll_pack_case (0, 8, 10, 3, 16, 1, 8, 0);
+    s_ll_pack_case (9, 4, 10, 3, 40, 1, 12, 1);
+    s_ll_unpack_case (1, 8, 1, 16, 4, 0);
+    s_ll_unpack_case (2, 32, 1, 24, 8, 0);
+    s_ll_unpack_case (3, 24, 2, 4, 4, 0);
+    s_ll_unpack_case (8, 64, 1, 64, 32, 0);
+    s_ll_unpack_case (3, 24, 1, 8, 3, 1);
+    s_ll_unpack_case (5, 0, 1, 8, 2, 0);            /* slots 0: nothing routed */
+    s_ll_unpack_case (16, 6, 1, 800, 800, 0);      /* 53 KiB of counts: opts in past 48 KiB */
+    s_ll_graph_case ();
     s_attn_case ("gqa", RX_F32, 2, 64, 64, 8, 0, 0.f);
     s_attn_case ("gqa", RX_F16, 2, 64, 64, 8, 0, 0.f);
     s_attn_case ("window+softcap", RX_F32, 2, 128, 128, 4, 9, 30.f);

@@ -2159,3 +2159,430 @@ Test (kcpu, host_fn_in_guard_mode)
     K->free_ (be, dx);
     K->destroy (be);
 }
+
+/* ------------------ the low-latency expert-parallel exchange (ABI 1.4) -- */
+
+/* The contract's split of experts over ranks, and its owner by scan. */
+static size_t t_first (size_t p, size_t ne, size_t nr) { return p * ne / nr; }
+
+static size_t t_owner (size_t e, size_t ne, size_t nr)
+{
+    size_t p = 0;
+    while (p + 1 < nr && t_first (p + 1, ne, nr) <= e) p++;
+    return p;
+}
+
+static int32_t t_hdr (const float *blk, size_t i)
+{
+    int32_t v;
+    memcpy (&v, blk + i, sizeof v);
+    return v;
+}
+
+static const uint32_t s_sentinel = 0x7fc0deadu;   /* a NaN payload: unsent rows keep it */
+
+static void s_fill_sentinel (float *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++) memcpy (p + i, &s_sentinel, 4);
+}
+
+static int s_is_sentinel (const float *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (memcmp (p + i, &s_sentinel, 4)) return 0;
+    return 1;
+}
+
+/* Worked out by hand: moe_sort_by_hand's routing (ids [[2, 0], [1, 2],
+ * [0, 5]] over 4 experts: sorted rows e0: (t0, j1), (t2, j0); e1: (t1,
+ * j0); e2: (t0, j0), (t1, j1)) packed for 2 ranks (rank 0 owns experts 0
+ * and 1, rank 1 experts 2 and 3), hrows 1, dim 4, slots 6: blocks of 7
+ * rows.  Then that send buffer unpacked as rank 0's recv (n_local 2). */
+Test (kcpu, moe_ll_by_hand)
+{
+    void *be = s_create ("auto", 2);
+    struct rx_err err = { 0 };
+    enum { T = 3, KK = 2, NE = 4, NR = 2, S = 6, H = 1, D = 4, B = H + S };
+    const int32_t ids[T * KK] = { 2, 0, 1, 2, 0, 5 };
+    int32_t off[NE + 1], row[T * KK], src[T * KK], slot[T * KK];
+    float x[T * (D + 1)], send[NR * B * D];
+    for (int i = 0; i < T * (D + 1); i++) x[i] = (float) (10 * (i / (D + 1)) + i % (D + 1)) + 0.5f;
+    cr_assert_eq (K->moe_sort (be, NULL, ids, T, KK, NE, off, row, src, &err), RX_OK, "%s", err.msg);
+    s_fill_sentinel (send, NR * B * D);
+    cr_assert_eq (K->moe_ll_pack (be, NULL, x, D + 1, ids, off, row, src, T, KK, NE, NR, S, H, D, send,
+                                  slot, &err), RX_OK, "%s", err.msg);
+    const int32_t w_hdr[NR][D] = { { 2, 1, 0, 0 }, { 2, 0, 0, 0 } };
+    for (int p = 0; p < NR; p++)
+        for (int i = 0; i < D; i++)
+            cr_assert_eq (t_hdr (send + p * B * D, i), w_hdr[p][i], "block %d header[%d] = %d", p, i,
+                          t_hdr (send + p * B * D, i));
+    const int w_tok[NR][3] = { { 0, 2, 1 }, { 0, 1, -1 } };   /* the tokens of the sent rows */
+    for (int p = 0; p < NR; p++)
+        for (int i = 0; i < S; i++) {
+            const float *r = send + ((size_t) p * B + H + i) * D;
+            if (i < 3 && w_tok[p][i] >= 0)
+                cr_assert (s_bits_eq (r, x + w_tok[p][i] * (D + 1), D), "block %d row %d", p, i);
+            else
+                cr_assert (s_is_sentinel (r, D), "block %d row %d was written", p, i);
+        }
+    const int32_t w_slot[T * KK] = { 8, 1, 3, 9, 2, -1 };
+    for (int i = 0; i < T * KK; i++) cr_assert_eq (slot[i], w_slot[i], "slot_of[%d] = %d", i, slot[i]);
+
+    /* block 0: e0 2, e1 1; block 1: e0 2, e1 0 -> e0's routed rows are
+     * block 0's two then block 1's two, then e1's one. */
+    int32_t loff[3], order[NR * S], back[NR * B];
+    for (int i = 0; i < NR * S; i++) order[i] = 77;
+    cr_assert_eq (K->moe_ll_unpack (be, NULL, send, NR, S, H, D, 2, loff, order, back, &err), RX_OK, "%s",
+                  err.msg);
+    const int32_t w_off[3] = { 0, 4, 5 };
+    const int32_t w_order[NR * S] = { 1, 2, 8, 9, 3, -1, -1, -1, -1, -1, -1, -1 };
+    const int32_t w_back[NR * B] = { -1, 0, 1, 4, -1, -1, -1, -1, 2, 3, -1, -1, -1, -1 };
+    for (int i = 0; i < 3; i++) cr_assert_eq (loff[i], w_off[i], "offsets[%d] = %d", i, loff[i]);
+    for (int i = 0; i < NR * S; i++) cr_assert_eq (order[i], w_order[i], "order[%d] = %d", i, order[i]);
+    for (int i = 0; i < NR * B; i++) cr_assert_eq (back[i], w_back[i], "back[%d] = %d", i, back[i]);
+
+    /* n_tok 0 (an idle rank): every header written, all counts 0, nothing
+     * else touched; only offsets and send are needed. */
+    s_fill_sentinel (send, NR * B * D);
+    const int32_t zoff[NE + 1] = { 0 };
+    cr_assert_eq (K->moe_ll_pack (be, NULL, NULL, 0, NULL, zoff, NULL, NULL, 0, KK, NE, NR, S, H, D, send,
+                                  NULL, &err), RX_OK, "%s", err.msg);
+    for (int p = 0; p < NR; p++) {
+        for (int i = 0; i < H * D; i++) cr_assert_eq (t_hdr (send + p * B * D, i), 0);
+        cr_assert (s_is_sentinel (send + ((size_t) p * B + H) * D, S * D), "block %d rows written", p);
+    }
+    K->destroy (be);
+}
+
+/* Counts cannot be checked on a device: a negative one counts 0 and a
+ * block's counts are cut where their sum passes slots.  n_rank 2, slots
+ * 4, n_local 3: block 0 says [-5, 3, 9] -> [0, 3, 1], block 1 [2, 2, 2]
+ * -> [2, 2, 0].  Worked out by hand. */
+Test (kcpu, moe_ll_unpack_clamps_bad_counts)
+{
+    void *be = s_create ("auto", 1);
+    struct rx_err err = { 0 };
+    enum { NR = 2, S = 4, H = 1, D = 4, B = H + S, L = 3 };
+    float recv[NR * B * D];
+    for (int i = 0; i < NR * B * D; i++) recv[i] = (float) i;
+    const int32_t h0[D] = { -5, 3, 9, 1234 }, h1[D] = { 2, 2, 2, -1 };   /* [3]: past n_local */
+    memcpy (recv, h0, sizeof h0);
+    memcpy (recv + B * D, h1, sizeof h1);
+    int32_t off[L + 1], order[NR * S], back[NR * B];
+    cr_assert_eq (K->moe_ll_unpack (be, NULL, recv, NR, S, H, D, L, off, order, back, &err), RX_OK, "%s",
+                  err.msg);
+    const int32_t w_off[L + 1] = { 0, 2, 7, 8 };
+    const int32_t w_order[NR * S] = { 6, 7, 1, 2, 3, 8, 9, 4 };
+    const int32_t w_back[NR * B] = { -1, 2, 3, 4, 7, -1, 0, 1, 5, 6 };
+    for (int i = 0; i <= L; i++) cr_assert_eq (off[i], w_off[i], "offsets[%d] = %d", i, off[i]);
+    for (int i = 0; i < NR * S; i++) cr_assert_eq (order[i], w_order[i], "order[%d] = %d", i, order[i]);
+    for (int i = 0; i < NR * B; i++) cr_assert_eq (back[i], w_back[i], "back[%d] = %d", i, back[i]);
+    /* a header of all -1 (say, 0xff bytes): nothing routed */
+    memset (recv, 0xff, sizeof recv);
+    cr_assert_eq (K->moe_ll_unpack (be, NULL, recv, NR, S, H, D, L, off, order, back, &err), RX_OK);
+    for (int i = 0; i <= L; i++) cr_assert_eq (off[i], 0);
+    for (int i = 0; i < NR * S; i++) cr_assert_eq (order[i], -1);
+    for (int i = 0; i < NR * B; i++) cr_assert_eq (back[i], -1);
+    K->destroy (be);
+}
+
+/* One rank's side of a random exchange. */
+struct ll_rank {
+    size_t n_tok;
+    int32_t *ids, *off, *row, *src, *slot;
+    float *x, *send, *recv, *ret;
+};
+
+/* A group of nr ranks simulated in one process: each rank routes its own
+ * random tokens (some invalid ids, sometimes skewed to one expert, some
+ * ranks idle), sorts and packs; block q of rank p's send becomes block p
+ * of rank q's recv; each rank unpacks.  Checked against references
+ * computed here from ids alone: every header int, sent row (bits) and
+ * unsent row (sentinel), slot_of; offsets, order and back; gather_rows
+ * (recv, order) = the routed rows expert-major, rank-minor; back inverts
+ * order; and the way back: gather_rows (routed, back), the reverse
+ * exchange, and row slot_of of it is the choice's own token row. */
+Test (kcpu, moe_ll_random_exchange, .timeout = 120)
+{
+    void *be = s_create ("auto", 2);
+    struct rx_err err = { 0 };
+    for (int it = 0; it < 60; it++) {
+        const size_t nr = 1 + s_next () % 4, ne = nr + s_next () % 14, kk = 1 + s_next () % 4;
+        const size_t max_tok = 1 + s_next () % 9, slots = max_tok * kk + s_next () % 5;
+        const size_t most = (ne + nr - 1) / nr;
+        const size_t dim = 1 + s_next () % 9, hrows = (most + dim - 1) / dim + s_next () % 2;
+        const size_t ldx = dim + s_next () % 3, B = hrows + slots, blk = B * dim;
+        const int skew = it % 4 == 3;
+        struct ll_rank rk[4];
+        for (size_t p = 0; p < nr; p++) {
+            struct ll_rank *r = &rk[p];
+            r->n_tok = it % 5 == 1 && p == 0 ? 0 : s_next () % (max_tok + 1);
+            const size_t n = r->n_tok * kk;
+            r->ids = malloc ((n + 1) * 4);
+            r->row = malloc ((n + 1) * 4);
+            r->src = malloc ((n + 1) * 4);
+            r->slot = malloc ((n + 1) * 4);
+            r->off = malloc ((ne + 1) * 4);
+            r->x = malloc ((r->n_tok * ldx + 1) * 4);
+            r->send = malloc (nr * blk * 4);
+            r->recv = malloc (nr * blk * 4);
+            r->ret = malloc (nr * blk * 4);
+            for (size_t i = 0; i < r->n_tok * ldx; i++) r->x[i] = s_gauss ();
+            for (size_t i = 0; i < n; i++) {
+                const uint64_t u = s_next () % 100;
+                r->ids[i] = u < 6 ? -1 : u < 10 ? (int32_t) ne
+                          : skew && u < 80 ? (int32_t) (ne - 1) : (int32_t) (s_next () % ne);
+            }
+            cr_assert_eq (K->moe_sort (be, NULL, r->ids, r->n_tok, kk, ne, r->off, r->row, r->src, &err),
+                          RX_OK, "%s", err.msg);
+            s_fill_sentinel (r->send, nr * blk);
+            for (size_t i = 0; i <= n; i++) r->slot[i] = 77;
+            cr_assert_eq (K->moe_ll_pack (be, NULL, r->x, ldx, r->ids, r->off, r->row, r->src, r->n_tok, kk,
+                                          ne, nr, slots, hrows, dim, r->send, r->slot, &err),
+                          RX_OK, "it %d rank %zu: %s", it, p, err.msg);
+            cr_assert_eq (r->slot[n], 77, "slot_of has n_tok * k entries");
+            /* the reference: for each destination d, its experts in order,
+             * each expert's choices in (token, choice) order */
+            for (size_t d = 0; d < nr; d++) {
+                const float *b = r->send + d * blk;
+                const size_t f0 = t_first (d, ne, nr), f1 = t_first (d + 1, ne, nr);
+                size_t i = 0;
+                for (size_t e = f0; e < f1; e++) {
+                    int32_t cnt = 0;
+                    for (size_t t = 0; t < r->n_tok; t++)
+                        for (size_t j = 0; j < kk; j++) {
+                            if (r->ids[t * kk + j] != (int32_t) e) continue;
+                            cr_assert (s_bits_eq (b + (hrows + i) * dim, r->x + t * ldx, dim),
+                                       "it %d: rank %zu block %zu row %zu is not token %zu", it, p, d, i, t);
+                            cr_assert_eq (r->slot[t * kk + j], (int32_t) (d * B + hrows + i),
+                                          "it %d: slot_of[%zu]", it, t * kk + j);
+                            cr_assert_eq (t_owner (e, ne, nr), d);
+                            cnt++;
+                            i++;
+                        }
+                    cr_assert_eq (t_hdr (b, e - f0), cnt, "it %d: rank %zu block %zu count of expert %zu",
+                                  it, p, d, e);
+                }
+                for (size_t h = f1 - f0; h < hrows * dim; h++)
+                    cr_assert_eq (t_hdr (b, h), 0, "it %d: header int %zu past the counts", it, h);
+                cr_assert (s_is_sentinel (b + (hrows + i) * dim, (slots - i) * dim),
+                           "it %d: rank %zu block %zu: a row past the %zu sent was written", it, p, d, i);
+            }
+            for (size_t i = 0; i < n; i++)
+                if (r->ids[i] < 0 || r->ids[i] >= (int32_t) ne)
+                    cr_assert_eq (r->slot[i], -1, "it %d: slot_of of an invalid choice", it);
+        }
+        /* the exchange */
+        for (size_t p = 0; p < nr; p++)
+            for (size_t q = 0; q < nr; q++)
+                memcpy (rk[q].recv + p * blk, rk[p].send + q * blk, blk * 4);
+        for (size_t q = 0; q < nr; q++) {
+            struct ll_rank *r = &rk[q];
+            const size_t f0 = t_first (q, ne, nr), nl = t_first (q + 1, ne, nr) - f0;
+            int32_t *off = malloc ((nl + 2) * 4), *order = malloc ((nr * slots + 1) * 4);
+            int32_t *back = malloc ((nr * B + 1) * 4);
+            off[nl + 1] = order[nr * slots] = back[nr * B] = 77;
+            cr_assert_eq (K->moe_ll_unpack (be, NULL, r->recv, nr, slots, hrows, dim, nl, off, order, back,
+                                            &err), RX_OK, "%s", err.msg);
+            cr_assert (off[nl + 1] == 77 && order[nr * slots] == 77 && back[nr * B] == 77, "wrote past");
+            /* reference order: expert-major, rank-minor, from the senders' ids */
+            size_t rr = 0;
+            for (size_t e = 0; e < nl; e++) {
+                cr_assert_eq (off[e], (int32_t) rr, "it %d rank %zu: offsets[%zu]", it, q, e);
+                for (size_t p = 0; p < nr; p++) {
+                    size_t before = 0;   /* p's rows for q of the experts before e */
+                    for (size_t i = 0; i < rk[p].n_tok * kk; i++)
+                        before += rk[p].ids[i] >= (int32_t) f0 && rk[p].ids[i] < (int32_t) (f0 + e);
+                    size_t i = 0;
+                    for (size_t c = 0; c < rk[p].n_tok * kk; c++) {
+                        if (rk[p].ids[c] != (int32_t) (f0 + e)) continue;
+                        const int32_t want = (int32_t) (p * B + hrows + before + i);
+                        cr_assert_eq (order[rr], want, "it %d rank %zu: order[%zu] = %d, want %d", it, q,
+                                      rr, order[rr], want);
+                        cr_assert_eq (back[want], (int32_t) rr, "it %d: back[%d]", it, want);
+                        rr++;
+                        i++;
+                    }
+                }
+            }
+            cr_assert_eq (off[nl], (int32_t) rr, "it %d rank %zu: offsets[n_local]", it, q);
+            for (size_t i = rr; i < nr * slots; i++) cr_assert_eq (order[i], -1);
+            size_t n_back = 0;
+            for (size_t i = 0; i < nr * B; i++)
+                if (back[i] >= 0) {
+                    cr_assert (back[i] < (int32_t) rr && order[back[i]] == (int32_t) i, "back inverts order");
+                    n_back++;
+                } else {
+                    cr_assert_eq (back[i], -1);
+                }
+            cr_assert_eq (n_back, rr, "it %d: back maps exactly the routed rows", it);
+            /* the routed rows, then the way back (y = x: an identity expert) */
+            float *routed = malloc ((nr * slots + 1) * dim * 4);
+            cr_assert_eq (K->gather_rows (be, NULL, r->recv, dim, order, nr * slots, dim, routed, dim, &err),
+                          RX_OK, "%s", err.msg);
+            rr = 0;
+            for (size_t e = 0; e < nl; e++)
+                for (size_t p = 0; p < nr; p++)
+                    for (size_t c = 0; c < rk[p].n_tok * kk; c++)
+                        if (rk[p].ids[c] == (int32_t) (f0 + e)) {
+                            cr_assert (s_bits_eq (routed + rr * dim, rk[p].x + (c / kk) * ldx, dim),
+                                       "it %d rank %zu: routed row %zu", it, q, rr);
+                            rr++;
+                        }
+            cr_assert_eq (K->gather_rows (be, NULL, routed, dim, back, nr * B, dim, r->ret, dim, &err), RX_OK,
+                          "%s", err.msg);
+            free (routed);
+            free (off);
+            free (order);
+            free (back);
+        }
+        for (size_t p = 0; p < nr; p++) {   /* the reverse exchange: rank p's block q from rank q */
+            float *home = malloc (nr * blk * 4);
+            for (size_t q = 0; q < nr; q++) memcpy (home + q * blk, rk[q].ret + p * blk, blk * 4);
+            for (size_t c = 0; c < rk[p].n_tok * kk; c++)
+                if (rk[p].slot[c] >= 0)
+                    cr_assert (s_bits_eq (home + (size_t) rk[p].slot[c] * dim, rk[p].x + (c / kk) * ldx, dim),
+                               "it %d: rank %zu choice %zu comes back at slot_of", it, p, c);
+            free (home);
+        }
+        for (size_t p = 0; p < nr; p++) {
+            struct ll_rank *r = &rk[p];
+            free (r->ids); free (r->row); free (r->src); free (r->slot); free (r->off);
+            free (r->x); free (r->send); free (r->recv); free (r->ret);
+        }
+    }
+    K->destroy (be);
+}
+
+Test (kcpu, moe_ll_errors)
+{
+    void *be = s_create ("auto", 1);
+    struct rx_err err = { 0 };
+    enum { T = 2, KK = 2, NE = 4, NR = 2, S = 4, H = 1, D = 4, B = H + S };
+    int32_t ids[T * KK] = { 0, 3, 2, 1 }, off[NE + 1], row[T * KK], src[T * KK], slot[T * KK];
+    float x[T * D] = { 0 }, send[NR * B * D];
+    int32_t loff[3], order[NR * S], back[NR * B];
+    cr_assert_eq (K->moe_sort (be, NULL, ids, T, KK, NE, off, row, src, &err), RX_OK);
+#define S_BAD(call, op, what, frag)                                                            \
+    do {                                                                                       \
+        memset (&err, 0, sizeof err);                                                          \
+        cr_assert_eq ((call), RX_EINVAL, "%s: %s accepted", op, what);                         \
+        cr_assert (strstr (err.msg, op) && strstr (err.msg, "kernels-cpu") && strstr (err.msg, frag), \
+                   "%s: %s", what, err.msg);                                                   \
+    } while (0)
+#define S_PACK(x_, ids_, off_, row_, src_, t_, k_, ne_, nr_, s_, h_, d_, send_, slot_)         \
+    K->moe_ll_pack (be, NULL, x_, D, ids_, off_, row_, src_, t_, k_, ne_, nr_, s_, h_, d_, send_, slot_, &err)
+    S_BAD (S_PACK (x, ids, off, row, src, T, KK, NE, NR, 3, H, D, send, slot), "moe_ll_pack",
+           "n_tok * k > slots", "exceed the 3 slots");
+    S_BAD (S_PACK (x, ids, off, row, src, T, KK, NE, 1, S, 1, 3, send, slot), "moe_ll_pack",
+           "header too small", "largest rank's 4 expert counts");
+    S_BAD (S_PACK (x, ids, off, row, src, T, KK, NE, 0, S, H, D, send, slot), "moe_ll_pack", "n_rank 0",
+           "n_rank 0");
+    S_BAD (S_PACK (x, ids, off, row, src, T, KK, NE, 5, S, H, D, send, slot), "moe_ll_pack",
+           "n_rank > n_expert", "n_rank 5 outside 1..n_expert (4)");
+    S_BAD (S_PACK (x, ids, off, row, src, T, 0, NE, NR, S, H, D, send, slot), "moe_ll_pack", "k 0", "k is 0");
+    S_BAD (S_PACK (x, ids, off, row, src, T, KK, 0, NR, S, H, D, send, slot), "moe_ll_pack", "n_expert 0",
+           "n_expert 0");
+    S_BAD (S_PACK (x, ids, off, row, src, T, KK, NE, NR, S, 0, D, send, slot), "moe_ll_pack", "hrows 0",
+           "hrows 0");
+    S_BAD (S_PACK (x, ids, off, row, src, T, KK, NE, NR, (size_t) 1 << 31, H, D, send, slot), "moe_ll_pack",
+           "rows past int32", "do not fit int32");
+    S_BAD (S_PACK (x, ids, NULL, row, src, T, KK, NE, NR, S, H, D, send, slot), "moe_ll_pack",
+           "offsets NULL", "offsets or send is NULL");
+    S_BAD (S_PACK (x, ids, off, row, src, T, KK, NE, NR, S, H, D, NULL, slot), "moe_ll_pack", "send NULL",
+           "offsets or send is NULL");
+    S_BAD (S_PACK (NULL, NULL, off, NULL, NULL, 0, KK, NE, NR, S, H, D, NULL, NULL), "moe_ll_pack",
+           "n_tok 0, send NULL", "written even for n_tok 0");
+    S_BAD (S_PACK (NULL, ids, off, row, src, T, KK, NE, NR, S, H, D, send, slot), "moe_ll_pack", "x NULL",
+           "is NULL");
+    S_BAD (S_PACK (x, NULL, off, row, src, T, KK, NE, NR, S, H, D, send, slot), "moe_ll_pack", "ids NULL",
+           "is NULL");
+    S_BAD (S_PACK (x, ids, off, NULL, src, T, KK, NE, NR, S, H, D, send, slot), "moe_ll_pack", "row NULL",
+           "is NULL");
+    S_BAD (S_PACK (x, ids, off, row, NULL, T, KK, NE, NR, S, H, D, send, slot), "moe_ll_pack", "src NULL",
+           "is NULL");
+    S_BAD (S_PACK (x, ids, off, row, src, T, KK, NE, NR, S, H, D, send, NULL), "moe_ll_pack", "slot_of NULL",
+           "is NULL");
+    S_BAD (K->moe_ll_pack (be, NULL, x, D - 1, ids, off, row, src, T, KK, NE, NR, S, H, D, send, slot, &err),
+           "moe_ll_pack", "ldx < dim", "ldx = 3");
+    S_BAD (K->moe_ll_pack (be, (rx_kstream_t *) x, x, D, ids, off, row, src, T, KK, NE, NR, S, H, D, send,
+                           slot, &err), "moe_ll_pack", "bad stream", "bad stream");
+    /* offsets and src not moe_sort's: caught on the CPU */
+    int32_t boff[NE + 1] = { 0, 3, 2, 4, 4 }, bsrc[T * KK] = { 0, 1, 2, 1 };
+    S_BAD (S_PACK (x, ids, boff, row, src, T, KK, NE, NR, S, H, D, send, slot), "moe_ll_pack",
+           "decreasing offsets", "offsets[2] = 2");
+    boff[2] = 3;
+    boff[4] = 9;
+    S_BAD (S_PACK (x, ids, boff, row, src, T, KK, NE, NR, S, H, D, send, slot), "moe_ll_pack",
+           "offsets past n_tok * k", "offsets[4] = 9");
+    S_BAD (S_PACK (x, ids, off, row, bsrc, T, KK, NE, NR, S, H, D, send, slot), "moe_ll_pack",
+           "src not a token", "src[2] = 2");
+    cr_assert_eq (S_PACK (x, ids, off, row, src, T, KK, NE, NR, S, H, D, send, slot), RX_OK, "%s", err.msg);
+    /* exactly full: n_tok * k == slots, header exactly the counts */
+    cr_assert_eq (S_PACK (x, ids, off, row, src, T, KK, NE, 1, T * KK, 1, NE, send, slot), RX_OK, "%s",
+                  err.msg);
+
+#define S_UNPACK(recv_, nr_, s_, h_, d_, nl_, off_, ord_, back_)                                \
+    K->moe_ll_unpack (be, NULL, recv_, nr_, s_, h_, d_, nl_, off_, ord_, back_, &err)
+    S_BAD (S_UNPACK (send, 0, S, H, D, 2, loff, order, back), "moe_ll_unpack", "n_rank 0", "n_rank is 0");
+    S_BAD (S_UNPACK (send, NR, S, H, D, 0, loff, order, back), "moe_ll_unpack", "n_local 0", "n_local 0");
+    S_BAD (S_UNPACK (send, NR, S, 1, 2, 3, loff, order, back), "moe_ll_unpack", "n_local > header",
+           "n_local 3 outside 1..2");
+    S_BAD (S_UNPACK (send, NR, S, 0, D, 2, loff, order, back), "moe_ll_unpack", "hrows 0", "hrows 0");
+    S_BAD (S_UNPACK (send, NR, (size_t) 1 << 31, H, D, 2, loff, order, back), "moe_ll_unpack",
+           "rows past int32", "do not fit int32");
+    S_BAD (S_UNPACK (NULL, NR, S, H, D, 2, loff, order, back), "moe_ll_unpack", "recv NULL", "is NULL");
+    S_BAD (S_UNPACK (send, NR, S, H, D, 2, NULL, order, back), "moe_ll_unpack", "offsets NULL", "is NULL");
+    S_BAD (S_UNPACK (send, NR, S, H, D, 2, loff, NULL, back), "moe_ll_unpack", "order NULL", "is NULL");
+    S_BAD (S_UNPACK (send, NR, S, H, D, 2, loff, order, NULL), "moe_ll_unpack", "back NULL", "is NULL");
+    cr_assert_eq (S_UNPACK (send, NR, S, H, D, 2, loff, order, back), RX_OK, "%s", err.msg);
+#undef S_UNPACK
+#undef S_PACK
+#undef S_BAD
+    K->destroy (be);
+}
+
+/* Captured in an emulated graph: nothing runs at capture; a launch packs
+ * and unpacks the routing in device memory at launch time. */
+Test (kcpu, moe_ll_in_emulated_graphs)
+{
+    void *be = s_create_x ("auto", 1, "graphs = true\n");
+    struct rx_err err = { 0 };
+    enum { T = 3, KK = 2, NE = 4, NR = 2, S = 6, H = 1, D = 4, B = H + S };
+    int32_t ids[T * KK] = { 2, 0, 1, 2, 0, 5 }, off[NE + 1], row[T * KK], src[T * KK], slot[T * KK];
+    float x[T * D], send[NR * B * D], want_send[NR * B * D];
+    int32_t loff[3], order[NR * S], back[NR * B], want[3 + NR * S + NR * B + T * KK];
+    for (int i = 0; i < T * D; i++) x[i] = (float) i;
+    cr_assert_eq (K->graph_begin (be, NULL, 9, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (K->moe_sort (be, NULL, ids, T, KK, NE, off, row, src, &err), RX_OK);
+    cr_assert_eq (K->moe_ll_pack (be, NULL, x, D, ids, off, row, src, T, KK, NE, NR, S, H, D, send, slot, &err),
+                  RX_OK, "%s", err.msg);
+    cr_assert_eq (K->moe_ll_unpack (be, NULL, send, NR, S, H, D, 2, loff, order, back, &err), RX_OK, "%s",
+                  err.msg);
+    cr_assert_eq (K->graph_end (be, NULL, 9, &err), RX_OK, "%s", err.msg);
+    /* a new routing, then the eager result of it */
+    ids[0] = 1;
+    ids[5] = 3;
+    s_fill_sentinel (send, NR * B * D);
+    cr_assert_eq (K->moe_sort (be, NULL, ids, T, KK, NE, off, row, src, &err), RX_OK);
+    cr_assert_eq (K->moe_ll_pack (be, NULL, x, D, ids, off, row, src, T, KK, NE, NR, S, H, D, send, slot, &err),
+                  RX_OK);
+    cr_assert_eq (K->moe_ll_unpack (be, NULL, send, NR, S, H, D, 2, loff, order, back, &err), RX_OK);
+    memcpy (want_send, send, sizeof send);
+    memcpy (want, loff, sizeof loff);
+    memcpy (want + 3, order, sizeof order);
+    memcpy (want + 3 + NR * S, back, sizeof back);
+    memcpy (want + 3 + NR * S + NR * B, slot, sizeof slot);
+    cr_assert_eq (t_hdr (send, 1), 2, "expert 1 got t0 and t1");
+    s_fill_sentinel (send, NR * B * D);
+    memset (loff, 0x55, sizeof loff);
+    memset (order, 0x55, sizeof order);
+    memset (back, 0x55, sizeof back);
+    memset (slot, 0x55, sizeof slot);
+    cr_assert_eq (K->graph_launch (be, NULL, 9, &err), RX_OK, "%s", err.msg);
+    cr_assert (memcmp (send, want_send, sizeof send) == 0, "launched pack differs from eager");
+    cr_assert (memcmp (loff, want, sizeof loff) == 0 && memcmp (order, want + 3, sizeof order) == 0 &&
+               memcmp (back, want + 3 + NR * S, sizeof back) == 0 &&
+               memcmp (slot, want + 3 + NR * S + NR * B, sizeof slot) == 0, "launched unpack differs");
+    K->destroy (be);
+}

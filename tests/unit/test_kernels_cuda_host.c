@@ -841,6 +841,38 @@ Test (cuplan, moe_sort_warps_fit_shared_memory)
     cr_assert (strstr (err.msg, "kernels-cuda moe_sort: n_expert 4097 outside 1..4096"), "%s", err.msg);
 }
 
+/* ---- the low-latency exchange ---- */
+
+Test (cuplan, moe_ll_unpack_counts_fit_shared_memory)
+{
+    size_t smem = 0;
+    struct rx_err err = { 0 };
+    /* DeepSeek-V3 over 8 ranks: 32 local experts */
+    cr_assert_eq (rx_cuplan_moe_ll_unpack (8, 32, &smem, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (smem, (8 * 33 + 33) * 4, "prefix, offsets");
+    cr_assert_eq (rx_cuplan_moe_ll_unpack (1, 1, &smem, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (smem, (2 + 2) * 4);
+    /* moe-ep_low_latency unpacks NE - first experts: rank 0 of 64 over 256 */
+    cr_assert_eq (rx_cuplan_moe_ll_unpack (64, 256, &smem, &err), RX_OK, "%s", err.msg);
+    cr_assert_gt (smem, RX_CU_SMEM_DEFAULT, "this one opts in to more than 48 KiB");
+    /* the bound, from both sides: every size that fits is taken, and the
+     * first that does not is refused */
+    const size_t cap = RX_CU_LL_SMEM_MAX / 4;
+    for (size_t nl = 1; nl < 4000; nl += nl < 64 ? 1 : 97) {
+        const size_t nr = cap / (nl + 1) - 1;
+        cr_assert_eq (rx_cuplan_moe_ll_unpack (nr, nl, &smem, &err), RX_OK, "%zu x %zu: %s", nr, nl, err.msg);
+        cr_assert_leq (smem, RX_CU_LL_SMEM_MAX, "%zu x %zu", nr, nl);
+        cr_assert_eq (rx_cuplan_moe_ll_unpack (nr + 1, nl, &smem, &err), RX_ENOTSUP, "%zu x %zu", nr + 1, nl);
+        cr_assert (strstr (err.msg, "kernels-cuda moe_ll_unpack") && strstr (err.msg, "shared memory"), "%s",
+                   err.msg);
+    }
+    cr_assert_eq (rx_cuplan_moe_ll_unpack (1, cap, &smem, &err), RX_ENOTSUP, "n_local alone too big");
+    cr_assert_eq (rx_cuplan_moe_ll_unpack ((size_t) 1 << 40, 4, &smem, &err), RX_ENOTSUP, "no overflow");
+    cr_assert_eq (rx_cuplan_moe_ll_unpack (0, 4, &smem, &err), RX_EINVAL);
+    cr_assert_eq (rx_cuplan_moe_ll_unpack (4, 0, &smem, &err), RX_EINVAL);
+    cr_assert_eq (rx_cuplan_moe_ll_unpack (4, 4, NULL, &err), RX_OK, "smem may be NULL");
+}
+
 Test (cuplan, moe_route_scratch)
 {
     size_t smem = 0;

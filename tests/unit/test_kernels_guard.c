@@ -420,6 +420,78 @@ Test (kguard, moe_ops_work_guarded)
     K->destroy (be);
 }
 
+/* The low-latency exchange of kernel ABI 1.4 (moe_ll_pack, moe_ll_unpack)
+ * reads the routing and the headers inside the ops: guarded it gives what
+ * the unguarded instance gives on host memory, and a host array handed to
+ * either is refused. */
+enum { LT = 4, LKK = 2, LNE = 5, LNR = 2, LS = 8, LH = 1, LD = 4, LB = LH + LS };
+
+static void s_ll_pass (void *be, const float *x, const int32_t *ids, int32_t *off, int32_t *row,
+                       int32_t *src, float *send, int32_t *slot, int32_t *loff, int32_t *order,
+                       int32_t *back)
+{
+    struct rx_err err = { 0 };
+    cr_assert_eq (K->moe_sort (be, NULL, ids, LT, LKK, LNE, off, row, src, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (K->memset_ (be, NULL, send, 0, LNR * LB * LD * sizeof (float), &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (K->moe_ll_pack (be, NULL, x, LD, ids, off, row, src, LT, LKK, LNE, LNR, LS, LH, LD, send,
+                                  slot, &err), RX_OK, "%s", err.msg);
+    /* rank 0 owns experts 0 and 1 (first(1) = 5 / 2 = 2) */
+    cr_assert_eq (K->moe_ll_unpack (be, NULL, send, LNR, LS, LH, LD, 2, loff, order, back, &err), RX_OK,
+                  "%s", err.msg);
+}
+
+Test (kguard, moe_ll_ops_work_guarded)
+{
+    float hx[LT * LD], hsend[LNR * LB * LD];
+    int32_t hids[LT * LKK] = { 0, 4, 1, 0, 3, 2, -1, 1 };
+    int32_t off[LNE + 1], row[LT * LKK], src[LT * LKK], slot[LT * LKK], loff[3], order[LNR * LS],
+            back[LNR * LB];
+    for (int i = 0; i < LT * LD; i++) hx[i] = (float) ((i * 5) % 13) * 0.5f - 3.f;
+    void *be = s_create (NULL);
+    s_ll_pass (be, hx, hids, off, row, src, hsend, slot, loff, order, back);
+    K->destroy (be);
+    int32_t want[LT * LKK + 3 + LNR * LS + LNR * LB], got[sizeof want / sizeof want[0]];
+    float gsend[LNR * LB * LD];
+    memcpy (want, slot, sizeof slot);
+    memcpy (want + LT * LKK, loff, sizeof loff);
+    memcpy (want + LT * LKK + 3, order, sizeof order);
+    memcpy (want + LT * LKK + 3 + LNR * LS, back, sizeof back);
+    /* send read back as recv: block 0 counts experts 0, 1 (2 + 2), block 1
+     * experts 2, 3 (1 + 1) as if they were rank 0's */
+    cr_assert_eq (loff[2], 6, "routed rows %d", loff[2]);
+
+    be = s_create ("guard_device_memory = true\n");
+    struct rx_err err = { 0 };
+    void *d[10];
+    const size_t sz[10] = { sizeof hx, sizeof hids, sizeof off, sizeof row, sizeof src, sizeof hsend,
+                            sizeof slot, sizeof loff, sizeof order, sizeof back };
+    for (int i = 0; i < 10; i++) cr_assert_eq (K->alloc (be, sz[i], 0, &d[i], &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (K->copy_h2d (be, NULL, d[0], hx, sizeof hx, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (K->copy_h2d (be, NULL, d[1], hids, sizeof hids, &err), RX_OK, "%s", err.msg);
+    s_ll_pass (be, d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9]);
+    cr_assert_eq (K->copy_d2h (be, NULL, gsend, d[5], sizeof gsend, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (K->copy_d2h (be, NULL, got, d[6], sizeof slot, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (K->copy_d2h (be, NULL, got + LT * LKK, d[7], sizeof loff, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (K->copy_d2h (be, NULL, got + LT * LKK + 3, d[8], sizeof order, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (K->copy_d2h (be, NULL, got + LT * LKK + 3 + LNR * LS, d[9], sizeof back, &err), RX_OK, "%s",
+                  err.msg);
+    cr_assert (memcmp (gsend, hsend, sizeof gsend) == 0, "guarded pack differs from unguarded");
+    cr_assert (memcmp (got, want, sizeof got) == 0, "guarded slot_of / unpack differ from unguarded");
+    /* host arrays handed to the ops */
+    cr_assert_eq (K->moe_ll_pack (be, NULL, d[0], LD, hids, d[2], d[3], d[4], LT, LKK, LNE, LNR, LS, LH, LD,
+                                  d[5], d[6], &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "moe_ll_pack") && strstr (err.msg, "ids = "), "%s", err.msg);
+    cr_assert_eq (K->moe_ll_pack (be, NULL, d[0], LD, d[1], d[2], d[3], d[4], LT, LKK, LNE, LNR, LS, LH, LD,
+                                  hsend, d[6], &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "moe_ll_pack") && strstr (err.msg, "send = "), "%s", err.msg);
+    cr_assert_eq (K->moe_ll_unpack (be, NULL, hsend, LNR, LS, LH, LD, 2, d[7], d[8], d[9], &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "moe_ll_unpack") && strstr (err.msg, "recv = "), "%s", err.msg);
+    cr_assert_eq (K->moe_ll_unpack (be, NULL, d[5], LNR, LS, LH, LD, 2, d[7], order, d[9], &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "moe_ll_unpack") && strstr (err.msg, "not device memory"), "%s", err.msg);
+    for (int i = 0; i < 10; i++) K->free_ (be, d[i]);
+    K->destroy (be);
+}
+
 /* Off (the default): host-visible, a host read works. */
 Test (kguard, unguarded_is_host_visible)
 {

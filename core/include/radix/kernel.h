@@ -424,6 +424,60 @@ struct rx_kernels_ops {
      * CUDA natively; nothing else needs it there yet). */
     int  (*host_fn) (void *be, rx_kstream_t *s, void (*fn) (void *arg), const void *arg,
                      size_t arg_bytes, struct rx_err *err);
+
+    /* -- appended in ABI 1.4: the low-latency expert-parallel exchange on
+     * the device (optional, the two together: check RX_HAS (..,
+     * moe_ll_unpack)).  DeepEP's low-latency layout: every peer gets a
+     * fixed block of hrows + slots rows of dim floats every call, so the
+     * exchange (one all_to_all_v of fixed counts each way) and everything
+     * around it has the same shape and addresses every step and a decode
+     * step with it can be captured as a graph; no count reaches the host.
+     * Experts are split contiguously over n_rank ranks: rank p owns
+     * [first(p), first(p+1)) with first(p) = p * n_expert / n_rank.  A block
+     * is its header -- hrows rows holding rank p's expert counts as int32
+     * bit patterns (count of expert first(p) + i at int32 index i), zeros
+     * after them to the end of the header -- then up to `slots` rows. */
+
+    /* (optional) the sending side, after moe_sort (offsets, row, src) of
+     * ids [n_tok][k] over n_expert: block p = send + p * (hrows + slots) *
+     * dim.  Writes every block's header; block p's row hrows + i, for i <
+     * c_p = offsets[first(p+1)] - offsets[first(p)], is x[src[offsets[
+     * first(p)] + i]] (dim floats of row ldx apart); rows from c_p on are
+     * not written.  slot_of[t*k + j] = p * (hrows + slots) + hrows +
+     * row[t*k + j] - offsets[first(p)] for the choice's rank p (the owner of
+     * ids[t*k + j]), -1 where row[t*k + j] < 0: the row of send (counted in
+     * rows of dim, headers included) that choice (t, j) left from, which is
+     * where the reverse exchange brings its expert output back
+     * (moe_combine's row).  n_tok 0 still writes every header (counts 0:
+     * an idle rank takes part in the exchange); only offsets and send are
+     * then read.  RX_EINVAL (checked on the host): n_tok * k > slots,
+     * hrows * dim < the largest rank's expert count, n_rank 0 or above
+     * n_expert. */
+    int  (*moe_ll_pack) (void *be, rx_kstream_t *s, const float *x, size_t ldx, const int32_t *ids,
+                         const int32_t *offsets, const int32_t *row, const int32_t *src, size_t n_tok,
+                         size_t k, size_t n_expert, size_t n_rank, size_t slots, size_t hrows, size_t dim,
+                         float *send, int32_t *slot_of, struct rx_err *err);
+    /* (optional) the receiving side: recv holds n_rank blocks laid out as
+     * moe_ll_pack writes them (block q from rank q), for this rank's
+     * n_local experts (its header's first n_local counts).  The routed
+     * rows are expert-major, rank-minor: expert e's rows are rank 0's rows
+     * of e, then rank 1's, .. (rank q's rows of e start in block q after
+     * its rows of the experts before e).  Writes offsets [n_local + 1]
+     * (expert e's routed rows are [offsets[e], offsets[e+1])), order
+     * [n_rank * slots] (order[r] = the recv row, counted in rows of dim,
+     * headers included, of routed row r; -1 from offsets[n_local] on) and
+     * back [n_rank * (hrows + slots)] (back[i] = the routed row of recv row
+     * i; -1 for header rows and rows past a block's count) -- so
+     * gather_rows (recv, order) makes the routed rows and gather_rows
+     * (routed y, back) puts their outputs back in recv's layout.  Counts
+     * cannot be checked (device memory): a negative one counts 0, and a
+     * block's counts are cut where their sum passes slots.  RX_EINVAL:
+     * n_local 0 or above hrows * dim; a backend may refuse (RX_ENOTSUP)
+     * more n_rank x n_local counts than it can hold (kernels-cuda: (n_rank
+     * + 1) x (n_local + 1) int32 in 96 KiB of shared memory). */
+    int  (*moe_ll_unpack) (void *be, rx_kstream_t *s, const float *recv, size_t n_rank, size_t slots,
+                           size_t hrows, size_t dim, size_t n_local, int32_t *offsets, int32_t *order,
+                           int32_t *back, struct rx_err *err);
 };
 
 /* Largest argument copy host_fn takes, in bytes. */
