@@ -71,15 +71,18 @@ static inline int rx_moe_experts (const struct rx_kctx *kc, const struct rx_moe_
     if (!r->offsets) {
         if (!r->d_offsets || !K->matmul_grouped)
             return rx_err_set (err, RX_EINVAL, "moe experts: the dispatch gave neither host nor device offsets");
+        /* The weights hold every expert: matmul_grouped takes offsets over
+         * all of them, which d_offsets - first_expert is (radix/moe.h). */
+        const int32_t *goff = r->d_offsets - r->first_expert;
         for (size_t r0 = 0; r0 < (size_t) r->n_rows && rc == RX_OK; r0 += P) {
             const size_t nr = (size_t) r->n_rows - r0 < P ? (size_t) r->n_rows - r0 : P;
             const float *xr = r->x + r0 * E;
-            rc = K->matmul_grouped (be, st, w->gate, r->d_offsets, r0, xr, E, w->g, FE, nr, 0, err);
+            rc = K->matmul_grouped (be, st, w->gate, goff, r0, xr, E, w->g, FE, nr, 0, err);
             if (rc == RX_OK)
-                rc = K->matmul_grouped (be, st, w->up, r->d_offsets, r0, xr, E, w->u, FE, nr, 0, err);
+                rc = K->matmul_grouped (be, st, w->up, goff, r0, xr, E, w->u, FE, nr, 0, err);
             if (rc == RX_OK) rc = K->swiglu (be, st, w->g, FE, w->u, FE, w->g, FE, nr, FE, err);
             if (rc == RX_OK)
-                rc = K->matmul_grouped (be, st, w->down, r->d_offsets, r0, w->g, FE, r->y + r0 * E, E, nr,
+                rc = K->matmul_grouped (be, st, w->down, goff, r0, w->g, FE, r->y + r0 * E, E, nr,
                                         0, err);
         }
         return rc;

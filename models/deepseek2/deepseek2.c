@@ -791,15 +791,13 @@ static int s_create (const struct rx_host *host, const struct rx_model_src *src,
                  "%s: tensor-parallel rank %d of %d: heads %d..%d, dense FFN columns %d..%d, MLA latent and MoE replicated",
                  src->path, m->rank, m->n_rank, m->h0, m->h1 - 1, m->f0, m->f1 - 1);
     /* Graphs with several ranks (models/graph.h rx_model_graphs_ranks):
-     * under DP attention not with expert parallelism (the ep dispatchers
-     * exchange through the host) or two-batch overlap; attn-mla's
+     * under DP attention not with two-batch overlap; the MoE blocks replay
+     * once the dispatcher gives device offsets (s_dp_graph_step: moe-local,
+     * moe-ep_low_latency with the backend's low-latency ops); attn-mla's
      * host-side prepare runs before each capture or replay. */
-    const int moe = m->n_dense < m->n_layer;
     rx_model_graphs_ranks (&m->graphs, src->path, m->rank, m->n_rank, m->dp_attn,
-                           m->dp_attn && moe && m->ep_size > 1 ? "expert parallelism (the dispatcher's exchanges are not captured)"
-                           : m->dp_attn && moe && m->tbo      ? "two-batch overlap"
-                                                              : NULL,
-                           m->comm, m->comm_inst);
+                           m->dp_attn && m->n_dense < m->n_layer && m->tbo ? "two-batch overlap" : NULL, m->comm,
+                           m->comm_inst);
     if (m->tbo && m->n_dense < m->n_layer)
         RX_HLOG (host, RX_LOG_INFO, "%s: two-batch overlap on (%s; the %d leading dense block(s) run unsplit)",
                  src->path,

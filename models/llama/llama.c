@@ -1197,16 +1197,15 @@ static int s_dp_counts (struct ll_model *m, int32_t n, int graph_ok, int32_t *M,
 }
 
 /* Graphs with several ranks (models/graph.h rx_model_graphs_ranks): under
- * DP attention also no expert parallelism (the ep dispatchers exchange
- * through the host), no two-batch overlap and an attention backend without
- * a host-side prepare.  An MoE model's steps then replay once its
- * dispatcher gives device offsets (s_dp_graph_step). */
+ * DP attention also no two-batch overlap and an attention backend without
+ * a host-side prepare.  An MoE model's steps replay once its dispatcher
+ * gives device offsets (s_dp_graph_step): moe-local, and with expert
+ * parallelism moe-ep_low_latency on a backend with the low-latency ops
+ * (ep_normal and ep_auto exchange counts through the host: never). */
 static void s_graph_mode (struct ll_model *m, const char *path)
 {
     const char *why = NULL;
-    if (m->dp_attn && m->n_expert > 0 && m->ep_size > 1)
-        why = "expert parallelism (the dispatcher's exchanges are not captured)";
-    else if (m->dp_attn && m->n_expert > 0 && m->tbo)
+    if (m->dp_attn && m->n_expert > 0 && m->tbo)
         why = "two-batch overlap";
     else if (m->dp_attn && RX_HAS (struct rx_attn_ops, m->attn_ops, prepare))
         why = "the attention backend prepares on the host";

@@ -55,8 +55,8 @@
  * fails immediately with the same message.
  *
  * Graphs (ABI 1.4).  On a synchronous backend with host_fn (kernels-cpu)
- * every blocking collective but all_to_all_v is issued as a host_fn on its
- * stream, a closure of the instance and the op (by value): outside a
+ * every blocking collective is issued as a host_fn on its stream, a
+ * closure of the instance and the op (by value): outside a
  * capture it runs at once, as before; during a graph capture the backend
  * records it and runs it at every launch (graph_capturable = 1).  The
  * closure runs s_run on the driving thread, so everything that changes per
@@ -64,8 +64,11 @@
  * when it runs, and eager collectives between launches interleave safely.
  * A launched collective cannot return its error (the launch has no way to):
  * like every failure it breaks the group, and check() and every later call
- * report it.  Started ops and all_to_all_v (its count arrays are read when
- * it runs) stay uncapturable; on CUDA backends comm-shm never defers.
+ * report it.  all_to_all_v's closure holds the count and displacement
+ * POINTERS (the op by value), so the arrays are read when it runs: at once
+ * when eager, at every launch when captured -- the caller keeps them valid
+ * and unchanged while the graph lives (radix/comm.h graph_capturable).
+ * Started ops stay uncapturable; on CUDA backends comm-shm never defers.
  *
  * Thread-safety: one thread drives an instance (comm.h); the progress
  * thread is internal. */
@@ -1146,7 +1149,7 @@ static int s_go (void *comm, const struct rx_comm_op *op, struct rx_err *err)
 {
     struct shm *c = comm;
     if (!c) return rx_err_set (err, RX_EINVAL, "comm-shm: NULL instance");
-    if (c->defer && op->kind != RX_COMM_ALL_TO_ALL_V) {
+    if (c->defer) {
         struct s_closure cl = { .c = c, .op = *op };
         struct rx_err e = { 0 };
         c->d_ran = 0;

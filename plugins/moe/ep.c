@@ -8,7 +8,8 @@
  * Every (token, choice) pair is one row (a token choosing two experts of
  * one rank is sent twice: simplest, and it keeps combine's order trivial).
  *
- * dispatch (both modes): the routing is copied to the host (the host
+ * dispatch (both modes; low_latency's device path below does the same on
+ * the device): the routing is copied to the host (the host
  * offsets of the ABI need the counts there anyway), the (t, j) pairs are
  * counting-sorted by global expert id, stable in (t, j) -- exactly
  * `local`'s order -- so the rows for peer p are one contiguous run, grouped
@@ -23,20 +24,44 @@
  *     the receive buffers grow on demand (up to P x max_tokens x k rows),
  *     so the memory follows the real load.  For prefill.
  *   low_latency: at create every peer gets a fixed slot block of
- *     B = H + S x n_embd floats, S = max_tokens x k rows, H = a header with
- *     the valid row count of each of the receiver's experts (int32 bits).
+ *     B = H + S x n_embd floats, S = max_tokens x k rows, H = hrows x
+ *     n_embd a header of whole rows (hrows = ceil(largest nl / n_embd))
+ *     with the valid row count of each of the receiver's experts (int32
+ *     bits, zeros after them): the block is hrows + S rows, the layout of
+ *     the kernel ops moe_ll_pack / moe_ll_unpack (radix/kernel.h).
  *     dispatch is ONE all_to_all_v whose counts are B for every peer, every
  *     call; combine one of S x n_embd.  No count exchange on the critical
  *     path, the same buffers and sizes every call: that is what makes it
  *     capturable -- the collective's shape and addresses never change, so a
- *     graph of the step replays it (on a GPU backend; comm-nccl enqueues on
- *     the stream).  The one host read is the receiver's P headers, which the
- *     ABI's host offsets (routed.offsets) demand; on kernels-cpu that is a
- *     memcpy, not a device sync.  A capturable GPU model would read a
- *     masked layout instead (fixed capacity per expert + device counts,
- *     DeepGEMM's masked layout): an ABI addition, not done here.  The price:
+ *     graph of the step replays it (comm-nccl enqueues on the stream;
+ *     comm-shm on kernels-cpu records it through host_fn).  The price:
  *     every call moves P x B floats whatever the batch, so keep max_tokens
  *     at the decode batch size.  For decode.
+ *     Two paths.  The host path (routed.flags 0, and always for the
+ *     asynchronous halves) sorts on the host and reads the receiver's P
+ *     headers on the host (a synchronize each: the ABI's host offsets
+ *     demand them).  The device path (routed.flags RX_MOE_ROUTED_DEVICE,
+ *     blocking dispatch only, when the backend has moe_sort, gather_rows,
+ *     moe_combine, moe_ll_pack and moe_ll_unpack) does the same on the
+ *     device with no host copy and no synchronize, so a decode step with it
+ *     can be captured as a graph (DeepEP's low-latency mode): moe_sort ->
+ *     moe_ll_pack (headers, slot rows, slot_of) -> the exchange -> moe_ll_
+ *     unpack (routed offsets, the recv row of each routed row and back) ->
+ *     gather_rows into routed.x; routed.offsets NULL, d_offsets set, n_rows
+ *     P x S (an upper bound).  combine: gather_rows of routed.y back into
+ *     the receive blocks, the reverse exchange, one moe_combine over the
+ *     send blocks (row = slot_of).  d_offsets - first_expert is valid as
+ *     offsets over all NE experts (zero-length ranges outside this rank's:
+ *     the header holds NE counts, zeros past the receiver's, and unpack
+ *     reads NE - first of them), which matmul_grouped needs on a weight of
+ *     every expert.  The sort, blocks, routed order and
+ *     combine order are the host path's, so the outputs are bit for bit the
+ *     host path's on kernels-cpu.  Its exchanges use count arrays set at
+ *     create and never changed (a graph's all_to_all_v reads them at every
+ *     launch on comm-shm).  An expert id out of range is left out of the
+ *     layer there (the host path reports it); a backend that refuses
+ *     moe_sort for the shape (RX_ENOTSUP) sends the instance to the host
+ *     path for good.
  *   auto: normal or low-latency per call.  The ranks' n_tok differ, so the
  *     choice is made on the group's largest n_tok (an all_reduce MAX of one
  *     int32 first: every rank gets the same value and picks the same mode):
@@ -73,7 +98,8 @@
  *
  * Memory (device): normal: send area [max_tokens k][n_embd] at create,
  * receive + routed x/y grown on demand.  low-latency: 2 x P x B floats of
- * slots and routed x/y of P x S rows each, all at create.  Host scratch is
+ * slots and routed x/y of P x S rows each, plus for the device path
+ * 2 (NE + 1) + 4 S + P S + P (hrows + S) four-byte values, all at create.  Host scratch is
  * sized at create.  Thread-safety: see radix/moe.h. */
 #include <stdint.h>
 #include <string.h>
@@ -149,9 +175,28 @@ struct ep {
 
     /* device, low-latency mode */
     void *lmem;
-    size_t H, S, B;             /* header floats, rows per slot, floats per slot */
+    size_t hrows;               /* header rows (of E floats) of a slot block */
+    size_t H, S, B;             /* header floats (hrows E), rows per slot, floats per slot */
     float *lsend, *lrecv;       /* [P][B] */
     float *lrx, *lry;           /* [P S][E] */
+
+    /* The low-latency device path (RX_MOE_ROUTED_DEVICE, see the top):
+     * device scratch and the fixed all_to_all_v arguments, all set at
+     * create and never changed (a captured graph's exchange reads the
+     * arrays at every launch on comm-shm). */
+    void *dmem;                 /* NULL: no device path (other mode, or backend lacks ops) */
+    int32_t *d_off;             /* [NE + 1]: moe_sort offsets */
+    int32_t *d_row, *d_src;     /* [S] each: moe_sort row / src */
+    int32_t *d_slot;            /* [S]: moe_ll_pack slot_of (moe_combine's row) */
+    float *d_w;                 /* [S]: the dispatch's weights */
+    int32_t *d_goff;            /* [NE + 1]: routed offsets over ALL experts (zero-length
+                                   ranges outside mine); routed.d_offsets = d_goff + first */
+    int32_t *d_order;           /* [P S]: recv row of routed row r */
+    int32_t *d_back;            /* [P (hrows + S)]: routed row of recv row i */
+    size_t *dd_cnt, *dd_dsp;    /* [P]: dispatch exchange, B floats at q B (send = recv) */
+    size_t *dc_cnt, *dc_dsp;    /* [P]: combine exchange, S E floats at q B + H */
+    int dev;                    /* the last dispatch ran on the device */
+    int no_dev;                 /* the backend refused moe_sort for our shape: host path for good */
 
     int mode;                   /* of the last dispatch */
     int32_t n_tok;              /* of the last dispatch; -1 = none */
@@ -176,10 +221,11 @@ static void s_destroy (void *p)
     /* An exchange still in flight owns our buffers: let it finish first. */
     if (m->req) m->C->wait (m->comm, m->req, NULL);
     m->req = NULL;
-    if (m->nmem || m->gmem || m->lmem) m->K->synchronize (m->be, m->st, NULL);
+    if (m->nmem || m->gmem || m->lmem || m->dmem) m->K->synchronize (m->be, m->st, NULL);
     if (m->nmem) m->K->free_ (m->be, m->nmem);
     if (m->gmem) m->K->free_ (m->be, m->gmem);
     if (m->lmem) m->K->free_ (m->be, m->lmem);
+    if (m->dmem) m->K->free_ (m->be, m->dmem);
     if (m->hmem) m->host->free_ (m->host, m->hmem);
     m->host->free_ (m->host, m);
 }
@@ -274,22 +320,27 @@ static int s_create (const struct rx_host *host, const struct rx_moe_config *cfg
     const int32_t first = (int32_t) ((int64_t) m->rank * m->NE / m->P);
     m->nl = (int32_t) ((int64_t) (m->rank + 1) * m->NE / m->P) - first;
     const size_t nl = (size_t) m->nl;
-    /* The largest nl of any rank sizes the low-latency header. */
-    size_t nlmax = (NE + P - 1) / P;
-    m->H = (nlmax + 15) / 16 * 16;
+    /* The low-latency header: whole rows of E floats (moe_ll_pack's
+     * layout), so a block is hrows + S rows.  It holds NE counts, not just
+     * the largest rank's ceil(NE / P): the device path unpacks the counts
+     * of experts first .. NE-1 (mine, then the header's zeros) so that its
+     * offsets cover every expert (see d_goff).  One row while NE <= E. */
+    m->hrows = (NE + E - 1) / E;
+    m->H = m->hrows * E;
     m->S = (size_t) m->ll_tokens * (size_t) m->k;
     m->B = m->H + m->S * E;
 
     size_t hbytes = R * (3 * sizeof (int32_t) + sizeof (float)) + (NE + 1 + NE + NE) * sizeof (int32_t)
                     + (P + 1) * sizeof (int32_t) + (P * nl + nl + 1 + m->H) * sizeof (int32_t) + 64
-                    + 5 * P * sizeof (size_t);
+                    + 9 * P * sizeof (size_t);
     if (!(m->hmem = host->alloc (host, hbytes, 64))) {
         s_destroy (m);
         return rx_err_set (err, RX_ENOMEM, EP_TAG ": out of memory (%zu bytes of routing scratch)", hbytes);
     }
     size_t *zp = m->hmem;
     m->sc = zp; m->sd = zp + P; m->rc = zp + 2 * P; m->rd = zp + 3 * P; m->rbase = zp + 4 * P;
-    m->ids = (int32_t *) (zp + 5 * P);
+    m->dd_cnt = zp + 5 * P; m->dd_dsp = zp + 6 * P; m->dc_cnt = zp + 7 * P; m->dc_dsp = zp + 8 * P;
+    m->ids = (int32_t *) (zp + 9 * P);
     m->w = (float *) (m->ids + R);
     m->row = (int32_t *) (m->w + R);
     m->src = m->row + R;
@@ -331,35 +382,87 @@ static int s_create (const struct rx_host *host, const struct rx_moe_config *cfg
         m->lrx = m->lrecv + P * m->B;
         m->lry = m->lrx + P * m->S * E;
     }
+    /* The device path (low-latency only, see the top): sort, pack, unpack
+     * and combine on the device. */
+    const int dev_ops = EP_MODE == EP_LL && RX_HAS (struct rx_kernels_ops, K, moe_ll_unpack) && K->moe_sort
+                        && K->gather_rows && K->moe_combine && K->moe_ll_pack && K->moe_ll_unpack;
+    if (dev_ops) {
+        /* int32 / float arrays, each padded to 16 elements (64 bytes) */
+#define EP_PAD(n) (((size_t) (n) + 15) / 16 * 16)
+        const size_t S = m->S, o_off = 0, o_row = o_off + EP_PAD (NE + 1), o_src = o_row + EP_PAD (S),
+                     o_slot = o_src + EP_PAD (S), o_w = o_slot + EP_PAD (S), o_goff = o_w + EP_PAD (S),
+                     o_ord = o_goff + EP_PAD (NE + 1), o_back = o_ord + EP_PAD (P * S),
+                     words = o_back + EP_PAD (P * (m->hrows + S));
+#undef EP_PAD
+        if ((rc = s_alloc (m, words * 4, &d, "the device routing", err))) {
+            s_destroy (m);
+            return rc;
+        }
+        m->dmem = d;
+        int32_t *w0 = d;
+        m->d_off = w0 + o_off;
+        m->d_row = w0 + o_row;
+        m->d_src = w0 + o_src;
+        m->d_slot = w0 + o_slot;
+        m->d_w = (float *) (w0 + o_w);
+        m->d_goff = w0 + o_goff;
+        m->d_order = w0 + o_ord;
+        m->d_back = w0 + o_back;
+        for (size_t q = 0; q < P; q++) {
+            m->dd_cnt[q] = m->B;
+            m->dd_dsp[q] = q * m->B;
+            m->dc_cnt[q] = m->S * E;
+            m->dc_dsp[q] = q * m->B + m->H;
+        }
+        /* d_goff's entries before my experts stay 0 (moe_ll_unpack writes
+         * from my first on): set once here.  m->fill is NE int32 of host
+         * scratch, free at create. */
+        const int32_t firstx = m->efirst[m->rank];
+        if (firstx > 0) {
+            memset (m->fill, 0, (size_t) firstx * sizeof (int32_t));
+            if ((rc = K->copy_h2d (m->be, m->st, m->d_goff, m->fill, (size_t) firstx * sizeof (int32_t), err))
+                || (rc = K->synchronize (m->be, m->st, err))) {
+                s_destroy (m);
+                return rc;
+            }
+        }
+    }
     *out = m;
     return RX_OK;
 }
 
-/* The all_to_all_v of the arrays in m (sc, sd, rc, rd); ep_size 1 copies. */
-static int s_a2a (struct ep *m, const void *send, void *recv, int dtype, struct rx_err *err)
+/* The all_to_all_v of the arrays sc, sd, rc, rd (m's own, or the device
+ * path's fixed ones); ep_size 1 copies. */
+static int s_a2a_arr (struct ep *m, const void *send, const size_t *sc, const size_t *sd, void *recv,
+                      const size_t *rc_, const size_t *rd, int dtype, struct rx_err *err)
 {
     if (m->P == 1) {
-        if (!m->sc[0]) return RX_OK;
+        if (!sc[0]) return RX_OK;
         const size_t es = rx_comm_dtype_size (dtype);
-        return m->K->copy_d2d (m->be, m->st, (char *) recv + m->rd[0] * es,
-                               (const char *) send + m->sd[0] * es, m->sc[0] * es, err);
+        return m->K->copy_d2d (m->be, m->st, (char *) recv + rd[0] * es, (const char *) send + sd[0] * es,
+                               sc[0] * es, err);
     }
-    int rc = m->C->all_to_all_v (m->comm, m->st, send, m->sc, m->sd, recv, m->rc, m->rd, dtype, err);
+    int rc = m->C->all_to_all_v (m->comm, m->st, send, sc, sd, recv, rc_, rd, dtype, err);
     if (rc != RX_OK) return rx_err_set (err, rc, EP_TAG " rank %d: %s", m->rank, err ? err->msg : "");
     return RX_OK;
 }
 
-/* s_a2a, started (async) or blocking: started, m->req holds the exchange
- * (the arrays sc/sd/rc/rd stay untouched until s_a2a_wait); ep_size 1
- * copies at once either way. */
-static int s_a2a_go (struct ep *m, const void *send, void *recv, int dtype, int async,
-                     struct rx_err *err)
+static int s_a2a (struct ep *m, const void *send, void *recv, int dtype, struct rx_err *err)
 {
-    if (!async || m->P == 1) return s_a2a (m, send, recv, dtype, err);
+    return s_a2a_arr (m, send, m->sc, m->sd, recv, m->rc, m->rd, dtype, err);
+}
+
+/* s_a2a_arr, started (async) or blocking: started, m->req holds the
+ * exchange (the arrays stay untouched until s_a2a_wait); ep_size 1 copies
+ * at once either way. */
+static int s_a2a_go_arr (struct ep *m, const void *send, const size_t *sc, const size_t *sd, void *recv,
+                         const size_t *rc_, const size_t *rd, int dtype, int async, struct rx_err *err)
+{
+    if (!async || m->P == 1) return s_a2a_arr (m, send, sc, sd, recv, rc_, rd, dtype, err);
     const struct rx_comm_op op = {
         .struct_size = sizeof op, .kind = RX_COMM_ALL_TO_ALL_V, .dtype = dtype, .send = send,
-        .recv = recv, .send_counts = m->sc, .send_displs = m->sd, .recv_counts = m->rc,
-        .recv_displs = m->rd, .stream = m->st,
+        .recv = recv, .send_counts = sc, .send_displs = sd, .recv_counts = rc_,
+        .recv_displs = rd, .stream = m->st,
     };
     int rc = m->C->start (m->comm, &op, &m->req, err);
     if (rc != RX_OK) {
@@ -367,6 +470,12 @@ static int s_a2a_go (struct ep *m, const void *send, void *recv, int dtype, int 
         return rx_err_set (err, rc, EP_TAG " rank %d: %s", m->rank, err ? err->msg : "");
     }
     return RX_OK;
+}
+
+static int s_a2a_go (struct ep *m, const void *send, void *recv, int dtype, int async,
+                     struct rx_err *err)
+{
+    return s_a2a_go_arr (m, send, m->sc, m->sd, recv, m->rc, m->rd, dtype, async, err);
 }
 
 static int s_a2a_wait (struct ep *m, struct rx_err *err)
@@ -430,18 +539,16 @@ static int s_grow (struct ep *m, size_t rows, struct rx_err *err)
     return RX_OK;
 }
 
-/* The first half of a dispatch: checks, routing to the host, the sort, the
- * gather into the send area and the exchanges -- the last (the rows) started
- * when async, so it runs while the caller computes.  normal: the count
- * exchange before it is blocking (the rows' sizes depend on it). */
-static int s_dstart (struct ep *m, const float *x, size_t ldx, int32_t n_tok, const int32_t *ids,
-                     const float *w, int async, struct rx_err *err)
+/* The checks every dispatch starts with (before any collective). */
+static int s_dcheck (struct ep *m, const float *x, size_t ldx, int32_t n_tok, const int32_t *ids,
+                     const float *w, struct rx_err *err)
 {
     if (m->phase == EP_DSTARTED || m->phase == EP_CSTARTED)
         return rx_err_set (err, RX_EINVAL, EP_TAG " rank %d: dispatch while an exchange is in flight (dispatch_wait / combine_wait first)",
                            m->rank);
     m->n_tok = -1;
     m->phase = EP_IDLE;
+    m->dev = 0;
     if (n_tok < 0 || n_tok > m->max_tokens)
         return rx_err_set (err, n_tok < 0 ? RX_EINVAL : RX_ERANGE,
                            EP_TAG " rank %d: dispatch of %d tokens (0 .. max_tokens %d)", m->rank, n_tok,
@@ -449,6 +556,18 @@ static int s_dstart (struct ep *m, const float *x, size_t ldx, int32_t n_tok, co
     if (n_tok > 0 && (!x || !ids || !w || ldx < (size_t) m->E))
         return rx_err_set (err, RX_EINVAL, EP_TAG ": dispatch: NULL x, ids or weights, or ldx %zu < n_embd %d",
                            ldx, m->E);
+    return RX_OK;
+}
+
+/* The first half of a host-path dispatch: checks, routing to the host,
+ * the sort, the gather into the send area and the exchanges -- the last
+ * (the rows) started when async, so it runs while the caller computes.
+ * normal: the count exchange before it is blocking (the rows' sizes depend
+ * on it). */
+static int s_dstart (struct ep *m, const float *x, size_t ldx, int32_t n_tok, const int32_t *ids,
+                     const float *w, int async, struct rx_err *err)
+{
+    EP_TRY (s_dcheck (m, x, ldx, n_tok, ids, w, err));
     const struct rx_kernels_ops *K = m->K;
     const int32_t k = m->k, NE = m->NE, P = m->P, nl = m->nl;
     const size_t n = (size_t) n_tok * (size_t) k, E = (size_t) m->E;
@@ -543,10 +662,13 @@ static int s_dstart (struct ep *m, const float *x, size_t ldx, int32_t n_tok, co
         /* One fixed-size slot per peer: header (valid rows per expert of
          * the peer) then the rows. */
         for (int32_t q = 0; q < P; q++) {
-            memset (m->hdr, 0, m->H * sizeof *m->hdr);
+            /* the counts and zeros up to NE (rounded to 16): the receiver
+             * reads nl of them; the header's rest is not written here */
+            const size_t hn = ((size_t) NE + 15) / 16 * 16 < m->H ? ((size_t) NE + 15) / 16 * 16 : m->H;
+            memset (m->hdr, 0, hn * sizeof *m->hdr);
             for (int32_t e = m->efirst[q]; e < m->efirst[q + 1]; e++)
                 m->hdr[e - m->efirst[q]] = m->cnt[e + 1] - m->cnt[e];
-            EP_TRY (K->copy_h2d (m->be, m->st, m->lsend + (size_t) q * m->B, m->hdr, m->H * sizeof *m->hdr, err));
+            EP_TRY (K->copy_h2d (m->be, m->st, m->lsend + (size_t) q * m->B, m->hdr, hn * sizeof *m->hdr, err));
             m->sc[q] = m->rc[q] = m->B;
             m->sd[q] = m->rd[q] = (size_t) q * m->B;
         }
@@ -624,6 +746,50 @@ static int s_routed_ok (const struct rx_moe_routed *routed, struct rx_err *err)
     return RX_OK;
 }
 
+/* The low-latency dispatch on the device (see the top): the host path's
+ * sort, blocks and routed order, without a host copy or a synchronize.
+ * RX_ENOTSUP (err cleared) when the backend refuses moe_sort for the
+ * shape: the caller takes the host path (for good: no_dev). */
+static int s_dispatch_dev (struct ep *m, const float *x, size_t ldx, int32_t n_tok, const int32_t *ids,
+                           const float *w, struct rx_moe_routed *routed, struct rx_err *err)
+{
+    EP_TRY (s_dcheck (m, x, ldx, n_tok, ids, w, err));
+    const struct rx_kernels_ops *K = m->K;
+    const size_t n = (size_t) n_tok * (size_t) m->k, E = (size_t) m->E, P = (size_t) m->P;
+    int rc = K->moe_sort (m->be, m->st, ids, (size_t) n_tok, (size_t) m->k, (size_t) m->NE, m->d_off, m->d_row,
+                          m->d_src, err);
+    if (rc == RX_ENOTSUP) {
+        rx_err_clear (err);
+        m->no_dev = 1;
+        return RX_ENOTSUP;
+    }
+    EP_TRY (rc);
+    /* the weights are the instance's (the caller may reuse w, as on the
+     * host path, which copies them to the host) */
+    if (n > 0) EP_TRY (K->copy_d2d (m->be, m->st, m->d_w, w, n * sizeof (float), err));
+    EP_TRY (K->moe_ll_pack (m->be, m->st, x, ldx, ids, m->d_off, m->d_row, m->d_src, (size_t) n_tok,
+                            (size_t) m->k, (size_t) m->NE, P, m->S, m->hrows, E, m->lsend, m->d_slot, err));
+    EP_TRY (s_a2a_arr (m, m->lsend, m->dd_cnt, m->dd_dsp, m->lrecv, m->dd_cnt, m->dd_dsp, RX_F32, err));
+    /* n_local = NE - first: my experts' counts, then the header's zeros, so
+     * d_goff + first gets [NE - first + 1] offsets: mine, then the total */
+    const int32_t first = m->efirst[m->rank];
+    EP_TRY (K->moe_ll_unpack (m->be, m->st, m->lrecv, P, m->S, m->hrows, E, (size_t) (m->NE - first),
+                              m->d_goff + first, m->d_order, m->d_back, err));
+    EP_TRY (K->gather_rows (m->be, m->st, m->lrecv, E, m->d_order, P * m->S, E, m->lrx, E, err));
+    struct rx_moe_routed o = {
+        .struct_size = routed->struct_size, .first_expert = m->efirst[m->rank], .n_local_expert = m->nl,
+        .offsets = NULL, .n_rows = (int32_t) (P * m->S), .x = m->lrx, .y = m->lry,
+        .flags = routed->flags, .d_offsets = m->d_goff + first,
+    };
+    memcpy (routed, &o, routed->struct_size < sizeof o ? routed->struct_size : sizeof o);
+    m->mode = EP_LL;
+    m->dev = 1;
+    m->n_rows = (int32_t) (P * m->S);
+    m->n_tok = n_tok;
+    m->phase = EP_DISPATCHED;
+    return RX_OK;
+}
+
 static int s_dispatch (void *p, const float *x, size_t ldx, int32_t n_tok, const int32_t *ids,
                        const float *w, struct rx_moe_routed *routed, struct rx_err *err)
 {
@@ -631,6 +797,12 @@ static int s_dispatch (void *p, const float *x, size_t ldx, int32_t n_tok, const
     if (!m || !routed)
         return rx_err_set (err, RX_EINVAL, EP_TAG ": dispatch: NULL instance or routed");
     EP_TRY (s_routed_ok (routed, err));
+    if (m->dmem && !m->no_dev
+        && routed->struct_size >= offsetof (struct rx_moe_routed, d_offsets) + sizeof routed->d_offsets
+        && (routed->flags & RX_MOE_ROUTED_DEVICE)) {
+        int rc = s_dispatch_dev (m, x, ldx, n_tok, ids, w, routed, err);
+        if (rc != RX_ENOTSUP) return rc;
+    }
     EP_TRY (s_dstart (m, x, ldx, n_tok, ids, w, 0, err));
     return s_dfinish (m, routed, err);
 }
@@ -678,6 +850,20 @@ static int s_cstart (struct ep *m, float *out, size_t ldo, uint32_t flags, int a
     if (flags & ~RX_MM_ACCUMULATE)
         return rx_err_set (err, RX_EINVAL, EP_TAG ": combine: unknown flags 0x%x", flags);
     const struct rx_kernels_ops *K = m->K;
+
+    if (m->dev) {
+        /* routed.y back into the receive blocks (header rows and unused
+         * slot rows become zeros), then the slot parts go home. */
+        EP_TRY (K->gather_rows (m->be, m->st, m->lry, E, m->d_back, (size_t) P * (m->hrows + m->S), E, m->lrecv, E,
+                                err));
+        EP_TRY (s_a2a_go_arr (m, m->lrecv, m->dc_cnt, m->dc_dsp, m->lsend, m->dc_cnt, m->dc_dsp, RX_F32, async, err));
+        m->pend_tok = n_tok;
+        m->cout = out;
+        m->cldo = ldo;
+        m->cflags = flags;
+        m->phase = EP_CSTARTED;
+        return RX_OK;
+    }
 
     /* routed.y (expert, rank) -> the receive area in (rank, expert) order. */
     const float *ryp = mode == EP_NORMAL ? m->ry : m->lry;
@@ -729,6 +915,13 @@ static int s_cfinish (struct ep *m, struct rx_err *err)
     const int mode = m->mode;
     const struct rx_kernels_ops *K = m->K;
     float *out = m->cout;
+    if (m->dev) {
+        /* one moe_combine: the host loop's float operations in its order */
+        m->dev = 0;
+        if (n_tok == 0) return RX_OK;
+        return K->moe_combine (m->be, m->st, m->lsend, E, m->d_slot, m->d_w, (size_t) n_tok, (size_t) k, E, out,
+                               ldo, flags, err);
+    }
     for (int32_t t = 0; t < n_tok; t++) {
         const int32_t *row = m->row + (size_t) t * k;
         const float *w = m->w + (size_t) t * k;

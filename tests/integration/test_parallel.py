@@ -20,7 +20,8 @@ ranks) and one kernel thread per rank:
   batch.
 - deepseek2 (MLA, ../shared/data/models/tiny-deepseek2.gguf): tp_size 2 and
   conf/radixd-dp-attention.ini's DP attention + expert parallelism (ep_size
-  2, dispatcher ep_auto) give tp1's greedy tokens; with the same kv_memory
+  2, dispatcher ep_auto, and ep_low_latency with decode steps replayed as
+  emulated graphs) give tp1's greedy tokens; with the same kv_memory
   per rank TP holds tp1's KV tokens (the latent is stored whole on every
   rank) and DP attention twice as many (the measurement of
   docs/parallel.md).
@@ -289,30 +290,37 @@ def test_tp2_concurrent():
     clean_stop(TP2, "tp2")
 
 
-@test
-def test_tp2_graphs():
-    # [scheduler] cuda_graph_max_bs under tensor parallelism, on kernels-cpu's
-    # emulated graphs: both ranks run the same batch and replay the same
-    # decode graph with comm-shm's all-reduces captured inside; tp1's outputs
-    secs = sections(tp_size=2, comm="shm")
+def graphs_test(name, secs, mode, n_conc):
+    """A 2-rank daemon with [scheduler] cuda_graph_max_bs = 4 on kernels-cpu's
+    emulated graphs: tp1's outputs alone and n_conc at once; both ranks
+    logged that their decode steps replay (mode: "tensor-parallel" or "DP
+    attention"), no capture failed, and captures happened."""
     secs["scheduler"] = {"cuda_graph_max_bs": "4"}
     secs["kernels.cpu"] = {"graphs": "true"}
-    d = Daemon("tiny", name="tpgraph", sections=secs).start().wait_healthy()
+    d = Daemon("tiny", name=name, sections=secs).start().wait_healthy()
     try:
         for p in PROMPTS[:2]:
-            same_ids(p, generate(d, p)[0], "tp2 graphs /generate")
-        concurrent(d, 4, "tp2 graphs")
-        clean_stop(d, "tp2 graphs")
+            same_ids(p, generate(d, p)[0], "%s /generate" % name)
+        concurrent(d, n_conc, name)
+        clean_stop(d, name)
         log = d.log_text()
         for r in (0, 1):
-            expect("tensor-parallel rank %d: decode steps of up to 4 rows a rank replay CUDA graphs" % r in log,
-                   "rank %d did not turn graphs on; log tail:\n%s" % (r, d.log_tail(20)))
-        expect("capturing the graph" not in log, "a capture failed; log tail:\n%s" % d.log_tail(20))
+            expect("%s rank %d: decode steps of up to 4 rows a rank replay CUDA graphs" % (mode, r) in log,
+                   "%s: rank %d did not turn graphs on; log tail:\n%s" % (name, r, d.log_tail(20)))
+        expect("capturing the graph" not in log, "%s: a capture failed; log tail:\n%s" % (name, d.log_tail(20)))
         caps = re.findall(r"captured the CUDA graph of a (\d+)-sequence decode step", log)
-        diag("graphs captured (every rank): %s" % sorted(int(c) for c in caps))
-        expect(len(caps) >= 2, "fewer than 2 graph captures (one per rank at least); log tail:\n%s" % d.log_tail(20))
+        diag("%s: graphs captured (every rank): %s" % (name, sorted(int(c) for c in caps)))
+        expect(len(caps) >= 2, "%s: fewer than 2 graph captures (one per rank at least); log tail:\n%s"
+               % (name, d.log_tail(20)))
     finally:
         d.close()
+
+
+@test
+def test_tp2_graphs():
+    # both ranks run the same batch and replay the same decode graph with
+    # comm-shm's all-reduces captured inside
+    graphs_test("tpgraph", sections(tp_size=2, comm="shm"), "tensor-parallel", 4)
 
 
 # ---- data parallel ----------------------------------------------------------------
@@ -396,31 +404,12 @@ def test_dp_attention_2_ranks():
 
 @test
 def test_dp_attention_graphs():
-    # [scheduler] cuda_graph_max_bs under DP attention, on kernels-cpu's
-    # emulated graphs (comm-shm's collectives are captured there): decode
-    # steps replay graphs of the group's largest batch, every rank padded to
-    # it (models/graph.h rx_model_pad_batch); prefills and steps where a
-    # rank prefills run op by op.  The outputs stay tp1's, alone and 8 at
-    # once (batches of 1 .. 4 rows a rank, uneven between the ranks).
-    secs = dict(sections(tp_size=2, dp_size=2, dp_attention="true", comm="shm"), dp={"policy": "round_robin"})
-    secs["scheduler"] = {"cuda_graph_max_bs": "4"}
-    secs["kernels.cpu"] = {"graphs": "true"}
-    d = Daemon("tiny", name="dpgraph", sections=secs).start().wait_healthy()
-    try:
-        for p in PROMPTS[:2]:
-            same_ids(p, generate(d, p)[0], "dp-attention graphs /generate")
-        concurrent(d, 8, "dp-attention graphs")
-        clean_stop(d, "dp-attention graphs")
-        log = d.log_text()
-        for r in (0, 1):
-            expect("DP attention rank %d: decode steps of up to 4 rows a rank replay CUDA graphs" % r in log,
-                   "rank %d did not turn DP graphs on; log tail:\n%s" % (r, d.log_tail(20)))
-        expect("capturing the graph" not in log, "a capture failed; log tail:\n%s" % d.log_tail(20))
-        caps = re.findall(r"captured the CUDA graph of a (\d+)-sequence decode step", log)
-        diag("graphs captured (every rank): %s" % sorted(int(c) for c in caps))
-        expect(len(caps) >= 2, "fewer than 2 graph captures (one per rank at least); log tail:\n%s" % d.log_tail(20))
-    finally:
-        d.close()
+    # decode steps replay graphs of the group's largest batch, every rank
+    # padded to it (models/graph.h rx_model_pad_batch); prefills and steps
+    # where a rank prefills run op by op; batches of 1 .. 4 rows a rank,
+    # uneven between the ranks
+    graphs_test("dpgraph", dict(sections(tp_size=2, dp_size=2, dp_attention="true", comm="shm"),
+                                dp={"policy": "round_robin"}), "DP attention", 8)
 
 
 # ---- deepseek2 (MLA): tensor parallelism vs DP attention ---------------------------
@@ -579,6 +568,23 @@ def test_deepseek2_tp_vs_dp_attention():
                "tp1 KV tokens %r: not set by kv_memory %s (the cap is %d)" % (k1, DS_KV, DS_CAP))
         eq(ktp, k1, "deepseek2 tp2 KV tokens: the latent is whole on each rank, so 2 ranks hold tp1's")
         eq(kdp, 2 * k1, "deepseek2 DP-attention KV tokens: each rank its own pool, twice tp1's")
+        # the same with ep_low_latency and decode steps replayed as (emulated)
+        # graphs: the dispatcher's device path (moe_ll_pack / moe_ll_unpack,
+        # the fixed exchange captured with the step); tp1's tokens
+        sec = dict(sec, moe={"dispatcher": "ep_low_latency"}, scheduler={"cuda_graph_max_bs": "4"},
+                   log={"level": "info"})
+        sec["kernels.cpu"] = {"graphs": "true"}
+        dpg = Daemon("tiny", name="ds-dpattn-ll-graphs", sections=sec).start().wait_healthy()
+        ds.append(dpg)
+        ds_same(base, dpg, "deepseek2 dp-attention ep_low_latency graphs")
+        hs = [in_thread(generate, dpg, p) for p in PROMPTS[:4]]
+        for h in hs:
+            h.result(timeout=60)
+        caps = re.findall(r"captured the CUDA graph of a (\d+)-sequence decode step", dpg.log_text())
+        diag("deepseek2 dp-attention ep_low_latency: graphs captured (every rank): %s" % sorted(int(c) for c in caps))
+        expect(len(caps) >= 2, "deepseek2 dp-attention ep_low_latency: fewer than 2 graph captures; log tail:\n%s"
+               % dpg.log_tail(20))
+        expect("capturing the graph" not in dpg.log_text(), "a capture failed; log tail:\n%s" % dpg.log_tail(20))
         for d in ds[1:]:
             clean_stop(d, d.name)
     finally:

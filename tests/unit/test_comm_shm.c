@@ -1336,6 +1336,110 @@ Test (comm_shm, graph_captured_collectives_replay_2_3_ranks)
     s_graph_run ("[comm.shm]\nbuffer_size = 4096\n", 3, 1001, 0);
 }
 
+/* all_to_all_v captured (ep_low_latency's fixed exchange): rank r sends
+ * peer p s_a2a_cnt (m, r, p) elements; segments in reverse peer order
+ * with one-element gaps on both sides, so a wrong displacement shows.  The
+ * step is s = 2x, then the all_to_all_v of s: the count arrays are the same
+ * host arrays at every launch (comm-shm reads them when it runs). */
+static size_t s_a2a_cnt (size_t m, int r, int p) { return m + (size_t) (3 * r + p); }
+static float s_a2a_val (int l, int r, int p, size_t i) { return (float) ((l * 131 + r * 17 + p * 5 + (int) (i % 89)) % 1000); }
+
+static int s_graph_a2a_body (struct env *e, struct gcase *g, int rank, int n)
+{
+    const struct rx_kernels_ops *K = g->k->K;
+    struct rx_err err = { 0 };
+    struct rx_kernels_params kp = { .struct_size = sizeof kp, .threads = 1, .device = 0 };
+    void *be = NULL, *c = NULL;
+    CHECK (K->create (g->k->host, &kp, &be, &err) == RX_OK, "kernels create: %s", err.msg);
+    CHECK (s_create_k (e, rank, n, 30, K, be, &c, &err) == RX_OK, "create: %s", err.msg);
+    CHECK (e->ops->graph_capturable (c) == 1, "capturable on kernels-cpu");
+    size_t sc[4], sd[4], rcn[4], rd[4], ns = 1, nr = 1;
+    for (int p = n - 1; p >= 0; p--) {           /* reverse order, gaps of 1 */
+        sc[p] = s_a2a_cnt (g->m, rank, p);
+        sd[p] = ns;
+        ns += sc[p] + 1;
+        rcn[p] = s_a2a_cnt (g->m, p, rank);
+        rd[p] = nr;
+        nr += rcn[p] + 1;
+    }
+    float *h = malloc ((ns > nr ? ns : nr) * sizeof (float)), *dx, *ds, *dr;
+    CHECK (h, "out of memory");
+    CHECK_OK (K->alloc (be, ns * 4, 0, (void **) &dx, &e_));
+    CHECK_OK (K->alloc (be, ns * 4, 0, (void **) &ds, &e_));
+    CHECK_OK (K->alloc (be, nr * 4, 0, (void **) &dr, &e_));
+    CHECK_OK (s_dfill (K, be, dx, ns, 0.f, h));
+    CHECK_OK (s_dfill (K, be, dr, nr, S_SENT, h));
+    CHECK (K->graph_begin (be, NULL, S_GKEY, &err) == RX_OK, "graph_begin: %s", err.msg);
+    CHECK (K->scale (be, NULL, dx, ns, ds, ns, 1, ns, 2.f, &err) == RX_OK, "captured scale: %s", err.msg);
+    CHECK (e->ops->all_to_all_v (c, NULL, ds, sc, sd, dr, rcn, rd, RX_F32, &err) == RX_OK,
+           "captured all_to_all_v: %s", err.msg);
+    CHECK (K->graph_end (be, NULL, S_GKEY, &err) == RX_OK, "graph_end: %s", err.msg);
+    CHECK_OK (K->copy_d2h (be, NULL, h, dr, nr * 4, &e_));
+    for (size_t i = 0; i < nr; i++) CHECK (h[i] == S_SENT, "recv [%zu] written during the capture", i);
+    for (int l = 1; l <= 3; l++) {
+        for (size_t i = 0; i < ns; i++) h[i] = -1.f;
+        for (int p = 0; p < n; p++)
+            for (size_t i = 0; i < sc[p]; i++) h[sd[p] + i] = s_a2a_val (l, rank, p, i);
+        CHECK_OK (K->copy_h2d (be, NULL, dx, h, ns * 4, &e_));
+        CHECK_OK (s_dfill (K, be, dr, nr, S_SENT, h));
+        CHECK (K->graph_launch (be, NULL, S_GKEY, &err) == RX_OK, "launch %d: %s", l, err.msg);
+        CHECK (e->ops->check (c, &err) == RX_OK, "check after launch %d: %s", l, err.msg);
+        CHECK_OK (K->copy_d2h (be, NULL, h, dr, nr * 4, &e_));
+        CHECK (h[0] == S_SENT, "launch %d: wrote before the first segment", l);
+        for (int q = 0; q < n; q++) {
+            for (size_t i = 0; i < rcn[q]; i++)
+                CHECK (h[rd[q] + i] == 2.f * s_a2a_val (l, q, rank, i), "launch %d: from rank %d [%zu] = %g, want %g",
+                       l, q, i, h[rd[q] + i], 2.f * s_a2a_val (l, q, rank, i));
+            CHECK (h[rd[q] + rcn[q]] == S_SENT, "launch %d: wrote past the segment from rank %d", l, q);
+        }
+    }
+    free (h);
+    K->free_ (be, dx);
+    K->free_ (be, ds);
+    K->free_ (be, dr);
+    e->ops->destroy (c);
+    K->destroy (be);
+    return 0;
+}
+
+static void s_graph_a2a_run (const char *comm_ini, int n, size_t m)
+{
+    struct env e;
+    struct kenv k;
+    s_load (&e, comm_ini);
+    s_kload (&k, "[kernels.cpu]\ngraphs = true\nthreads = 1\n");
+    struct gcase g = { &k, m, 0 };
+    pid_t pids[4];
+    for (int r = 0; r < n; r++) {
+        pids[r] = fork ();
+        cr_assert_geq (pids[r], 0);
+        if (pids[r] == 0) {
+            alarm (60);
+            _exit (s_graph_a2a_body (&e, &g, r, n));
+        }
+    }
+    for (int r = 0; r < n; r++) {
+        int st = 0;
+        cr_assert_eq (waitpid (pids[r], &st, 0), pids[r]);
+        cr_assert (WIFEXITED (st) && WEXITSTATUS (st) == 0, "rank %d of %d failed (status 0x%x; see stderr)",
+                   r, n, st);
+    }
+    s_kclose (&k);
+    s_assert_no_segment (&e);
+    rx_conf_destroy (&e.conf);
+    rx_loader_destroy (&e.l);
+}
+
+/* all_to_all_v in a graph: nothing moves at capture; every launch moves
+ * the launch's data with the counts and displacements of the arrays
+ * (chunked too: buffer_size 4 KiB, segments of ~1000 floats). */
+Test (comm_shm, graph_captured_all_to_all_v_replay_2_3_ranks)
+{
+    s_graph_a2a_run (NULL, 2, 5);
+    s_graph_a2a_run ("[comm.shm]\nbuffer_size = 4096\n", 2, 1000);
+    s_graph_a2a_run ("[comm.shm]\nbuffer_size = 4096\n", 3, 777);
+}
+
 /* A peer dies before the launch: the launched collective breaks the group,
  * check() names the op, every later call fails at once. */
 Test (comm_shm, graph_launch_with_a_dead_peer_breaks_the_group)

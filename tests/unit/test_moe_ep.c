@@ -13,7 +13,15 @@
  * n_tok > max_tokens (RX_ERANGE on every rank, after which the group still
  * works: no collective was entered).  ep_size 2 and 4 (4 with 6 experts:
  * uneven shards), ep_size 1 without a comm, ep_auto switching modes on the
- * group's largest batch, bad configs, no /dev/shm segment left behind. */
+ * group's largest batch, bad configs, no /dev/shm segment left behind.
+ *
+ * ep_low_latency's device path (RX_MOE_ROUTED_DEVICE: sort, pack, unpack
+ * and combine on the device): the same routed rows and bit for bit the
+ * same outputs as its host path, for 2 and 3 ranks, idle ranks, uneven
+ * batches and multi-row headers; ep_normal / ep_auto ignore the flag; and
+ * a whole dispatch + matmul_grouped + combine captured as a graph on
+ * kernels-cpu ([kernels.cpu] graphs) replays with new routing each launch,
+ * equal to an eager host-path run. */
 #include <criterion/criterion.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -59,7 +67,7 @@ static void s_load (struct env *e, const char *name, const char *ini)
     }
     rx_plugin_t *kp, *cp, *lp, *mp;
     cr_assert_eq (rx_loader_find (e->l, RX_KIND_KERNELS, "cpu", &kp, &err), RX_OK, "%s", err.msg);
-    cr_assert_eq (rx_plugin_init (kp, NULL, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (rx_plugin_init (kp, e->conf, &err), RX_OK, "%s", err.msg);   /* [kernels.cpu] graphs */
     cr_assert_eq (rx_loader_find (e->l, RX_KIND_COMM, "shm", &cp, &err), RX_OK, "%s", err.msg);
     cr_assert_eq (rx_plugin_init (cp, NULL, &err), RX_OK, "%s", err.msg);
     cr_assert_eq (rx_loader_find (e->l, RX_KIND_MOE, "local", &lp, &err), RX_OK, "%s", err.msg);
@@ -483,4 +491,413 @@ Test (moe_ep, bad_configs)
         e.K->destroy (be);
         s_close (&e);
     }
+}
+
+/* ---- the low-latency device path ----------------------------------------- */
+
+struct dscen {
+    int NE, k, E, T, P;
+};
+
+/* Tokens of rank r in device-path round i: uneven, idle ranks, full. */
+#define N_DEV_ROUNDS 6
+static int s_dev_ntok (const struct dscen *sc, int round, int r)
+{
+    switch (round) {
+    case 0: return (int[]) { 5, 3, 7 }[r % 3] > sc->T ? sc->T : (int[]) { 5, 3, 7 }[r % 3];
+    case 1: return r == 0 ? 0 : sc->T;                 /* rank 0 idle */
+    case 2: return sc->T;
+    case 3: return r == 1 ? 1 : 0;                     /* decode of one token */
+    case 4: return 0;                                  /* every rank idle */
+    default: return 1 + r;
+    }
+}
+
+/* The fake experts: routed rows of local expert e (host offsets off) are
+ * scaled by (global id + 1) into y. */
+static int s_play_scale (const struct rx_kernels_ops *K, void *be, int rank, const struct rx_moe_routed *r,
+                         const int32_t *off, size_t E)
+{
+    struct rx_err err = { 0 };
+    for (int e = 0; e < r->n_local_expert; e++) {
+        size_t lo = (size_t) off[e], rows = (size_t) (off[e + 1] - off[e]);
+        if (rows)
+            CHECK_OK (K->scale (be, NULL, r->x + lo * E, E, r->y + lo * E, E, rows, E,
+                                (float) (r->first_expert + e + 1), &err));
+    }
+    return 0;
+}
+
+static const int32_t s_sentinel_off[1] = { -12345 };
+
+/* One rank: for every round, dispatch with flags 0 and with
+ * RX_MOE_ROUTED_DEVICE on the same inputs; the device path (ep_low_latency
+ * only) must route the same rows and give the same outputs bit for bit. */
+static int s_dev_rank (const struct env *e, int rank, const struct dscen *sc)
+{
+    struct rx_err err = { 0 };
+    const struct rx_kernels_ops *K = e->K;
+    void *be = NULL, *comm = NULL, *moe = NULL;
+    struct rx_kernels_params kp = { .struct_size = sizeof kp, .threads = 1 };
+    CHECK_OK (K->create (e->kh, &kp, &be, &err));
+    const int P = sc->P, k = sc->k, NE = sc->NE;
+    if (P > 1) {
+        struct rx_comm_params cp = { .struct_size = sizeof cp, .rank = rank, .n_rank = P,
+                                     .group = e->group, .timeout_s = 20, .kops = K, .kbe = be };
+        CHECK_OK (e->C->create (e->ch, &cp, &comm, &err));
+    }
+    struct rx_moe_config mc = {
+        .struct_size = sizeof mc, .n_expert = NE, .n_expert_used = k, .n_embd = sc->E, .max_tokens = sc->T,
+        .ep_rank = rank, .ep_size = P, .kops = K, .kbe = be, .comm = P > 1 ? e->C : NULL, .comm_inst = comm,
+    };
+    CHECK_OK (e->M->create (e->mh, &mc, &moe, &err));
+    const int ll = strcmp (e->name, "ep_low_latency") == 0;
+    const size_t E = (size_t) sc->E, ldx = E + 2, ldo = E + 1, T = (size_t) sc->T;
+    const size_t max_rows = (size_t) P * T * (size_t) k;
+    float *x = malloc (T * ldx * sizeof (float)), *w = malloc (T * k * sizeof (float));
+    float *out0 = malloc (T * ldo * sizeof (float)), *hout = malloc (T * ldo * sizeof (float));
+    float *dvout = malloc (T * ldo * sizeof (float)), *hrows = malloc (max_rows * E * sizeof (float));
+    float *drows = malloc (max_rows * E * sizeof (float));
+    int32_t *ids = malloc (T * k * sizeof (int32_t)), *hoff = malloc ((size_t) (NE + 1) * sizeof (int32_t));
+    int32_t *doff = malloc ((size_t) (NE + 1) * sizeof (int32_t));
+    float *dx, *dw, *dout;
+    int32_t *dids;
+    CHECK_OK (K->alloc (be, T * ldx * sizeof (float), 0, (void **) &dx, &err));
+    CHECK_OK (K->alloc (be, T * k * sizeof (float), 0, (void **) &dw, &err));
+    CHECK_OK (K->alloc (be, T * k * sizeof (int32_t), 0, (void **) &dids, &err));
+    CHECK_OK (K->alloc (be, T * ldo * sizeof (float), 0, (void **) &dout, &err));
+    for (int round = 0; round < N_DEV_ROUNDS; round++) {
+        const int n = s_dev_ntok (sc, round, rank), acc = round % 2;
+        s_gen (5000 + (uint64_t) round, rank, n, NE, k, ldx, R_RANDOM, x, ids, w);
+        if (n) {
+            CHECK_OK (K->copy_h2d (be, NULL, dx, x, (size_t) n * ldx * sizeof (float), &err));
+            CHECK_OK (K->copy_h2d (be, NULL, dw, w, (size_t) n * k * sizeof (float), &err));
+            CHECK_OK (K->copy_h2d (be, NULL, dids, ids, (size_t) n * k * sizeof (int32_t), &err));
+        }
+        for (size_t i = 0; i < (size_t) n * ldo; i++) out0[i] = (float) i * 0.01f - 1.0f;
+        float *res[2] = { hout, dvout };
+        int nl = 0;
+        for (int dev = 0; dev < 2; dev++) {
+            struct rx_moe_routed r = { .struct_size = sizeof r, .flags = dev ? RX_MOE_ROUTED_DEVICE : 0,
+                                       .d_offsets = s_sentinel_off };
+            CHECK_OK (e->M->dispatch (moe, dx, ldx, n, dids, dw, &r, &err));
+            nl = r.n_local_expert;
+            const int32_t *off;
+            if (dev && ll) {
+                CHECK (!r.offsets && r.d_offsets && r.d_offsets != s_sentinel_off,
+                       "round %d: device path: offsets %p, d_offsets %p", round, (const void *) r.offsets,
+                       (const void *) r.d_offsets);
+                CHECK ((size_t) r.n_rows == max_rows, "round %d: n_rows %d, want the bound %zu", round, r.n_rows,
+                       max_rows);
+                /* test only: the device offsets to the host, the global
+                 * view (d_offsets - first_expert: [NE + 1], zero-length
+                 * ranges outside this rank's experts) */
+                const int first = r.first_expert;
+                CHECK_OK (K->copy_d2h (be, NULL, doff, r.d_offsets - first, (size_t) (NE + 1) * sizeof (int32_t),
+                                       &err));
+                CHECK_OK (K->synchronize (be, NULL, &err));
+                for (int g = 0; g <= NE; g++) {
+                    int32_t want = g < first ? 0 : g > first + nl ? hoff[nl] : hoff[g - first];
+                    CHECK (doff[g] == want, "round %d: global device offsets[%d] = %d, want %d (host path, "
+                           "first expert %d of %d)", round, g, doff[g], want, first, nl);
+                }
+                off = doff + first;
+                CHECK_OK (K->copy_d2h (be, NULL, drows, r.x, max_rows * E * sizeof (float), &err));
+                CHECK (memcmp (drows, hrows, (size_t) hoff[nl] * E * sizeof (float)) == 0,
+                       "round %d: device routed rows differ from the host path's", round);
+                for (size_t i = (size_t) hoff[nl] * E; i < max_rows * E; i++)
+                    CHECK (drows[i] == 0.f, "round %d: unused routed row %zu is not zero", round, i / E);
+            } else {
+                CHECK (r.offsets && !r.d_offsets, "round %d (%s, flags %u): want host offsets and no d_offsets",
+                       round, e->name, r.flags);
+                CHECK (r.offsets[0] == 0 && r.offsets[nl] == r.n_rows, "round %d: offsets end %d, n_rows %d",
+                       round, r.offsets[nl], r.n_rows);
+                if (!dev) {
+                    memcpy (hoff, r.offsets, (size_t) (nl + 1) * sizeof (int32_t));
+                    if (r.n_rows)
+                        CHECK_OK (K->copy_d2h (be, NULL, hrows, r.x, (size_t) r.n_rows * E * sizeof (float), &err));
+                }
+                off = r.offsets;
+            }
+            if (s_play_scale (K, be, rank, &r, off, E)) return 1;
+            if (n) CHECK_OK (K->copy_h2d (be, NULL, dout, out0, (size_t) n * ldo * sizeof (float), &err));
+            CHECK_OK (e->M->combine (moe, n ? dout : NULL, ldo, acc ? RX_MM_ACCUMULATE : 0, &err));
+            if (n) CHECK_OK (K->copy_d2h (be, NULL, res[dev], dout, (size_t) n * ldo * sizeof (float), &err));
+            CHECK_OK (K->synchronize (be, NULL, &err));
+        }
+        if (n)
+            CHECK (memcmp (hout, dvout, (size_t) n * ldo * sizeof (float)) == 0,
+                   "round %d (%s): the device path's combine differs from the host path's (n_tok %d)", round,
+                   e->name, n);
+        /* and the outputs are the experts' (not, say, all zeros): token
+         * 0's first column against a direct sum */
+        if (n) {
+            float want = 0;
+            for (int j = 0; j < k; j++) want += w[j] * (x[0] * (float) (ids[j] + 1));
+            if (acc) want += out0[0];
+            CHECK (hout[0] - want < 1e-4f && want - hout[0] < 1e-4f, "round %d: out[0][0] %g, want %g", round,
+                   (double) hout[0], (double) want);
+        }
+    }
+    K->free_ (be, dx);
+    K->free_ (be, dw);
+    K->free_ (be, dids);
+    K->free_ (be, dout);
+    free (x); free (w); free (out0); free (hout); free (dvout); free (hrows); free (drows);
+    free (ids); free (hoff); free (doff);
+    e->M->destroy (moe);
+    if (comm) e->C->destroy (comm);
+    K->destroy (be);
+    return 0;
+}
+
+/* ---- the device path captured as a graph --------------------------------- */
+
+#define S_GKEY 0x6ee1ull
+
+/* Expert e's weight row o, column i (F32 [in E][out E] per expert). */
+static float s_wval (int e, size_t o, size_t i) { return (float) ((int) ((e * 7 + o * 3 + i * 5) % 11) - 5) / 8.0f; }
+
+static int s_graph_rank (const struct env *e, int rank, const struct dscen *sc)
+{
+    struct rx_err err = { 0 };
+    const struct rx_kernels_ops *K = e->K;
+    void *be = NULL, *comm = NULL, *moe = NULL;
+    struct rx_kernels_params kp = { .struct_size = sizeof kp, .threads = 1 };
+    CHECK_OK (K->create (e->kh, &kp, &be, &err));
+    const int P = sc->P, k = sc->k, NE = sc->NE;
+    if (P > 1) {
+        struct rx_comm_params cp = { .struct_size = sizeof cp, .rank = rank, .n_rank = P,
+                                     .group = e->group, .timeout_s = 20, .kops = K, .kbe = be };
+        CHECK_OK (e->C->create (e->ch, &cp, &comm, &err));
+        CHECK (e->C->graph_capturable && e->C->graph_capturable (comm) == 1, "comm-shm capturable");
+    }
+    struct rx_moe_config mc = {
+        .struct_size = sizeof mc, .n_expert = NE, .n_expert_used = k, .n_embd = sc->E, .max_tokens = sc->T,
+        .ep_rank = rank, .ep_size = P, .kops = K, .kbe = be, .comm = P > 1 ? e->C : NULL, .comm_inst = comm,
+    };
+    CHECK_OK (e->M->create (e->mh, &mc, &moe, &err));
+    const size_t E = (size_t) sc->E, T = (size_t) sc->T;
+    /* a weight of every expert, as the models load it: matmul_grouped then
+     * takes the global view d_offsets - first_expert */
+    const int first = (int) ((int64_t) rank * NE / P), nl = (int) ((int64_t) (rank + 1) * NE / P) - first;
+    float *wd = malloc ((size_t) NE * E * E * sizeof (float));
+    for (int ex = 0; ex < NE; ex++)
+        for (size_t o = 0; o < E; o++)
+            for (size_t i = 0; i < E; i++) wd[((size_t) ex * E + o) * E + i] = s_wval (ex, o, i);
+    struct rx_weight_view v = { .name = "experts", .dtype = RX_F32, .n_dims = 3, .ne = { E, E, (uint64_t) NE, 1 },
+                                .data = wd, .nbytes = (size_t) NE * E * E * sizeof (float) };
+    rx_kweight_t *W = NULL;
+    CHECK_OK (K->weight_load (be, &v, &W, &err));
+    /* the same n_tok at every launch; with 3 ranks rank 1 is idle */
+    const int n = P == 3 && rank == 1 ? 0 : 3 + 2 * rank > sc->T ? sc->T : 3 + 2 * rank;
+    float *x = malloc (T * E * sizeof (float)), *w = malloc (T * k * sizeof (float));
+    float *got = malloc (T * E * sizeof (float)), *prev = malloc (T * E * sizeof (float));
+    float *ref = malloc (T * E * sizeof (float)), *sent = malloc (T * E * sizeof (float));
+    int32_t *ids = malloc (T * k * sizeof (int32_t)), *goff = malloc ((size_t) (NE + 1) * sizeof (int32_t));
+    for (size_t i = 0; i < T * E; i++) sent[i] = -777.f;
+    float *dx, *dw, *dout;
+    int32_t *dids, *doff;
+    CHECK_OK (K->alloc (be, T * E * sizeof (float), 0, (void **) &dx, &err));
+    CHECK_OK (K->alloc (be, T * k * sizeof (float), 0, (void **) &dw, &err));
+    CHECK_OK (K->alloc (be, T * k * sizeof (int32_t), 0, (void **) &dids, &err));
+    CHECK_OK (K->alloc (be, T * E * sizeof (float), 0, (void **) &dout, &err));
+    CHECK_OK (K->alloc (be, (size_t) (NE + 1) * sizeof (int32_t), 0, (void **) &doff, &err));
+    s_gen (7000, rank, n, NE, k, E, R_RANDOM, x, ids, w);
+    if (n) {
+        CHECK_OK (K->copy_h2d (be, NULL, dx, x, (size_t) n * E * sizeof (float), &err));
+        CHECK_OK (K->copy_h2d (be, NULL, dw, w, (size_t) n * k * sizeof (float), &err));
+        CHECK_OK (K->copy_h2d (be, NULL, dids, ids, (size_t) n * k * sizeof (int32_t), &err));
+    }
+    CHECK_OK (K->copy_h2d (be, NULL, dout, sent, T * E * sizeof (float), &err));
+
+    /* capture: nothing runs (no host copy or synchronize may happen) */
+    CHECK_OK (K->graph_begin (be, NULL, S_GKEY, &err));
+    struct rx_moe_routed r = { .struct_size = sizeof r, .flags = RX_MOE_ROUTED_DEVICE };
+    CHECK_OK (e->M->dispatch (moe, dx, E, n, dids, dw, &r, &err));
+    CHECK (!r.offsets && r.d_offsets && r.first_expert == first, "captured dispatch took the host path");
+    CHECK_OK (K->matmul_grouped (be, NULL, W, r.d_offsets - r.first_expert, 0, r.x, E, r.y, E, (size_t) r.n_rows, 0,
+                                 &err));
+    CHECK_OK (e->M->combine (moe, n ? dout : NULL, E, 0, &err));
+    CHECK_OK (K->graph_end (be, NULL, S_GKEY, &err));
+    CHECK (K->graph_has (be, S_GKEY), "graph kept");
+    CHECK_OK (K->copy_d2h (be, NULL, got, dout, T * E * sizeof (float), &err));
+    CHECK (memcmp (got, sent, T * E * sizeof (float)) == 0, "out written during the capture");
+
+    for (int l = 1; l <= 3; l++) {
+        s_gen (7000 + (uint64_t) l, rank, n, NE, k, E, R_RANDOM, x, ids, w);
+        if (n) {
+            CHECK_OK (K->copy_h2d (be, NULL, dx, x, (size_t) n * E * sizeof (float), &err));
+            CHECK_OK (K->copy_h2d (be, NULL, dw, w, (size_t) n * k * sizeof (float), &err));
+            CHECK_OK (K->copy_h2d (be, NULL, dids, ids, (size_t) n * k * sizeof (int32_t), &err));
+        }
+        CHECK_OK (K->copy_h2d (be, NULL, dout, sent, T * E * sizeof (float), &err));
+        CHECK_OK (K->graph_launch (be, NULL, S_GKEY, &err));
+        if (comm) CHECK_OK (e->C->check (comm, &err));
+        CHECK_OK (K->copy_d2h (be, NULL, got, dout, T * E * sizeof (float), &err));
+        /* the reference: the host path, eager, same inputs and experts */
+        struct rx_moe_routed h = { .struct_size = sizeof h };
+        CHECK_OK (e->M->dispatch (moe, dx, E, n, dids, dw, &h, &err));
+        CHECK (h.offsets, "flags 0 gave no host offsets");
+        for (int g = 0; g <= NE; g++) goff[g] = g < first ? 0 : g > first + nl ? h.offsets[nl] : h.offsets[g - first];
+        CHECK_OK (K->copy_h2d (be, NULL, doff, goff, (size_t) (NE + 1) * sizeof (int32_t), &err));
+        if (h.n_rows)
+            CHECK_OK (K->matmul_grouped (be, NULL, W, doff, 0, h.x, E, h.y, E, (size_t) h.n_rows, 0, &err));
+        CHECK_OK (K->copy_h2d (be, NULL, dout, sent, T * E * sizeof (float), &err));
+        CHECK_OK (e->M->combine (moe, n ? dout : NULL, E, 0, &err));
+        CHECK_OK (K->copy_d2h (be, NULL, ref, dout, T * E * sizeof (float), &err));
+        CHECK_OK (K->synchronize (be, NULL, &err));
+        for (size_t i = 0; i < (size_t) n * E; i++)
+            CHECK (got[i] == ref[i], "launch %d: out[%zu][%zu] = %.9g, eager host path %.9g", l, i / E, i % E,
+                   (double) got[i], (double) ref[i]);
+        for (size_t i = (size_t) n * E; i < T * E; i++)
+            CHECK (got[i] == -777.f, "launch %d: out row %zu past n_tok written", l, i / E);
+        if (n && l > 1)
+            CHECK (memcmp (got, prev, (size_t) n * E * sizeof (float)) != 0, "launch %d: same output as launch %d",
+                   l, l - 1);
+        memcpy (prev, got, T * E * sizeof (float));
+    }
+    K->free_ (be, dx);
+    K->free_ (be, dw);
+    K->free_ (be, dids);
+    K->free_ (be, dout);
+    K->free_ (be, doff);
+    K->weight_free (be, W);
+    free (wd); free (x); free (w); free (got); free (prev); free (ref); free (sent); free (ids); free (goff);
+    e->M->destroy (moe);
+    if (comm) e->C->destroy (comm);
+    K->destroy (be);
+    return 0;
+}
+
+static void s_run_dev (const char *name, const char *ini, struct dscen sc, int graph)
+{
+    struct env e;
+    s_load (&e, name, ini);
+    pid_t pids[8];
+    for (int r = 0; r < sc.P; r++) {
+        pids[r] = fork ();
+        cr_assert_geq (pids[r], 0);
+        if (pids[r] == 0) {
+            alarm (60);
+            _exit (graph ? s_graph_rank (&e, r, &sc) : s_dev_rank (&e, r, &sc));
+        }
+    }
+    for (int r = 0; r < sc.P; r++) {
+        int st = 0;
+        cr_assert_eq (waitpid (pids[r], &st, 0), pids[r]);
+        cr_assert (WIFEXITED (st) && WEXITSTATUS (st) == 0, "%s: rank %d of %d failed (status 0x%x; see stderr)",
+                   name, r, sc.P, st);
+    }
+    s_close (&e);
+}
+
+#define DSC2 ((struct dscen) { .NE = 8, .k = 3, .E = 16, .T = 6, .P = 2 })
+#define DSC3 ((struct dscen) { .NE = 7, .k = 2, .E = 12, .T = 5, .P = 3 })
+/* 20 experts per rank, rows of 8 floats: a header of 3 rows */
+#define DSC_HDR ((struct dscen) { .NE = 40, .k = 4, .E = 8, .T = 5, .P = 2 })
+
+Test (moe_ep, low_latency_device_path_equals_host_path_2_3_ranks)
+{
+    s_run_dev ("ep_low_latency", NULL, DSC2, 0);
+    s_run_dev ("ep_low_latency", NULL, DSC3, 0);
+    s_run_dev ("ep_low_latency", NULL, DSC_HDR, 0);
+    s_run_dev ("ep_low_latency", NULL, (struct dscen) { .NE = 5, .k = 2, .E = 8, .T = 4, .P = 1 }, 0);
+}
+
+Test (moe_ep, normal_and_auto_ignore_the_device_flag)
+{
+    s_run_dev ("ep_normal", NULL, DSC2, 0);
+    s_run_dev ("ep_auto", NULL, DSC3, 0);
+}
+
+Test (moe_ep, low_latency_device_path_graph_replays_2_3_ranks)
+{
+    const char *ini = "[kernels.cpu]\ngraphs = true\nthreads = 1\n";
+    s_run_dev ("ep_low_latency", ini, DSC2, 1);
+    s_run_dev ("ep_low_latency", ini, DSC3, 1);
+    s_run_dev ("ep_low_latency", ini, DSC_HDR, 1);
+}
+
+/* Bad calls on the device path get the host path's errors (checked before
+ * any device work or collective), and the asynchronous combine after a
+ * device dispatch equals the blocking one.  One rank (no comm). */
+Test (moe_ep, low_latency_device_path_bad_calls)
+{
+    struct env e;
+    s_load (&e, "ep_low_latency", NULL);
+    struct rx_err err = { 0 };
+    void *be, *moe = NULL;
+    struct rx_kernels_params kp = { .struct_size = sizeof kp, .threads = 1 };
+    cr_assert_eq (e.K->create (e.kh, &kp, &be, &err), RX_OK, "%s", err.msg);
+    enum { NE = 4, K_ = 2, E = 8, T = 3 };
+    struct rx_moe_config c = { .struct_size = sizeof c, .n_expert = NE, .n_expert_used = K_, .n_embd = E,
+                               .max_tokens = T, .ep_rank = 0, .ep_size = 1, .kops = e.K, .kbe = be };
+    cr_assert_eq (e.M->create (e.mh, &c, &moe, &err), RX_OK, "%s", err.msg);
+    float x[T * E], w[T * K_], out[2][T * E];
+    int32_t ids[T * K_] = { 0, 3, 2, 1, 3, 0 };
+    for (int i = 0; i < T * E; i++) x[i] = (float) (i % 13) - 6.f;
+    for (int i = 0; i < T * K_; i++) w[i] = 0.25f + 0.125f * (float) i;
+    float *dx, *dw, *dout;
+    int32_t *dids;
+    cr_assert_eq (e.K->alloc (be, sizeof x, 0, (void **) &dx, &err), RX_OK);
+    cr_assert_eq (e.K->alloc (be, sizeof w, 0, (void **) &dw, &err), RX_OK);
+    cr_assert_eq (e.K->alloc (be, sizeof ids, 0, (void **) &dids, &err), RX_OK);
+    cr_assert_eq (e.K->alloc (be, sizeof out[0], 0, (void **) &dout, &err), RX_OK);
+    cr_assert_eq (e.K->copy_h2d (be, NULL, dx, x, sizeof x, &err), RX_OK);
+    cr_assert_eq (e.K->copy_h2d (be, NULL, dw, w, sizeof w, &err), RX_OK);
+    cr_assert_eq (e.K->copy_h2d (be, NULL, dids, ids, sizeof ids, &err), RX_OK);
+    struct rx_moe_routed r = { .struct_size = sizeof r, .flags = RX_MOE_ROUTED_DEVICE };
+    err = (struct rx_err) { 0 };
+    cr_assert_eq (e.M->dispatch (moe, dx, E, T + 1, dids, dw, &r, &err), RX_ERANGE);
+    cr_assert (strstr (err.msg, "max_tokens"), "%s", err.msg);
+    cr_assert_eq (e.M->dispatch (moe, dx, E, 2, NULL, dw, &r, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "NULL x, ids or weights"), "%s", err.msg);
+    cr_assert_eq (e.M->dispatch (moe, dx, E - 1, 2, dids, dw, &r, &err), RX_EINVAL);
+    cr_assert_eq (e.M->combine (moe, dout, E, 0, &err), RX_EINVAL, "combine after failed dispatches");
+    /* a device dispatch, then: dispatch_wait has nothing started, a bad
+     * combine fails and consumes the dispatch */
+    for (int round = 0; round < 2; round++) {
+        cr_assert_eq (e.M->dispatch (moe, dx, E, T, dids, dw, &r, &err), RX_OK, "%s", err.msg);
+        cr_assert (!r.offsets && r.d_offsets);
+        cr_assert_eq (r.n_rows, T * K_);
+        struct rx_moe_routed r2 = { .struct_size = sizeof r2 };
+        cr_assert_eq (e.M->dispatch_wait (moe, &r2, &err), RX_EINVAL);
+        cr_assert (strstr (err.msg, "without a started dispatch"), "%s", err.msg);
+        /* the dispatch is still there: experts = identity */
+        cr_assert_eq (e.K->copy_d2d (be, NULL, r.y, r.x, (size_t) r.n_rows * E * sizeof (float), &err), RX_OK);
+        if (round == 0) {
+            cr_assert_eq (e.M->combine (moe, dout, E - 1, 0, &err), RX_EINVAL);
+            cr_assert (strstr (err.msg, "ldo"), "%s", err.msg);
+            cr_assert_eq (e.M->combine (moe, dout, E, 0, &err), RX_EINVAL, "the bad combine consumed it");
+        } else {
+            cr_assert_eq (e.M->combine (moe, dout, E, 0x10, &err), RX_EINVAL);
+            cr_assert (strstr (err.msg, "flags"), "%s", err.msg);
+        }
+    }
+    /* blocking vs started combine after a device dispatch: the same bits */
+    for (int async = 0; async < 2; async++) {
+        cr_assert_eq (e.M->dispatch (moe, dx, E, T, dids, dw, &r, &err), RX_OK, "%s", err.msg);
+        cr_assert_eq (e.K->scale (be, NULL, r.x, E, r.y, E, (size_t) r.n_rows, E, 3.f, &err), RX_OK);
+        if (async) {
+            cr_assert_eq (e.M->combine_start (moe, dout, E, 0, &err), RX_OK, "%s", err.msg);
+            cr_assert_eq (e.M->combine_wait (moe, &err), RX_OK, "%s", err.msg);
+        } else {
+            cr_assert_eq (e.M->combine (moe, dout, E, 0, &err), RX_OK, "%s", err.msg);
+        }
+        cr_assert_eq (e.K->copy_d2h (be, NULL, out[async], dout, sizeof out[0], &err), RX_OK);
+    }
+    cr_assert (!memcmp (out[0], out[1], sizeof out[0]), "combine_start/wait after a device dispatch");
+    for (int t = 0; t < T; t++) {   /* out = 3 x (w0 + w1): every expert the identity x 3 */
+        float want = 3.f * x[t * E] * w[t * K_] + 3.f * x[t * E] * w[t * K_ + 1];
+        cr_assert_float_eq (out[0][t * E], want, 1e-5, "token %d: %g, want %g", t, (double) out[0][t * E],
+                            (double) want);
+    }
+    e.K->free_ (be, dx);
+    e.K->free_ (be, dw);
+    e.K->free_ (be, dids);
+    e.K->free_ (be, dout);
+    e.M->destroy (moe);
+    e.K->destroy (be);
+    s_close (&e);
 }

@@ -109,6 +109,16 @@ static int32_t s_rows (const struct tp_job *j)
     return n;
 }
 
+/* Which of the model's decode graphs of 1 .. 3 rows the backend holds
+ * (tag: the model's graph key tag, models/graph.h). */
+static void s_graphs_of (rx_engine_t *e, uint64_t tag, struct tp_out *out)
+{
+    const struct rx_kernels_ops *K = NULL;
+    void *be = NULL;
+    rx_engine_kernels (e, &K, &be);
+    for (int n = 1; n <= 3; n++) out->h.graph[n] = K->graph_has (be, (tag << 24) | (uint64_t) n);
+}
+
 static void s_run_dp (const struct tp_job *j, int32_t rank, int32_t size, struct tp_out *out);
 static void s_run_dp_graphs (const struct tp_job *j, int32_t rank, struct tp_out *out);
 
@@ -188,10 +198,7 @@ static void s_run (const struct tp_job *j, int32_t rank, int32_t size, struct tp
         out->h.rc = rc;
         snprintf (out->h.msg, sizeof out->h.msg, "%s", err.msg);
     }
-    const struct rx_kernels_ops *K = NULL;
-    void *be = NULL;
-    rx_engine_kernels (e, &K, &be);
-    for (int n = 1; n <= 3; n++) out->h.graph[n] = K->graph_has (be, (j->graph_tag << 24) | (uint64_t) n);
+    s_graphs_of (e, j->graph_tag, out);
     rx_engine_destroy (&e);
     rx_boot_close (&b);
 }
@@ -200,6 +207,15 @@ static void s_out_free (struct tp_out *o)
 {
     free (o->logits);
     o->logits = NULL;
+}
+
+/* A failed rank reports rc and the message, and no rows. */
+static void s_out_fail (struct tp_out *o, int rc, const struct rx_err *err)
+{
+    o->h.rc = rc;
+    snprintf (o->h.msg, sizeof o->h.msg, "%s", err->msg);
+    s_out_free (o);
+    o->h.n_rows = 0;
 }
 
 static int s_write_all (int fd, const void *p, size_t n)
@@ -811,10 +827,7 @@ static void s_run_dp (const struct tp_job *j, int32_t rank, int32_t size, struct
     if (j->dp_bad && rank == 1) {
         int32_t bad[2] = { 1, mi->n_vocab };
         rc = s_dp_prompt (e, bad, 2, j->n_gen, &row, out->h.gen[0], &steps, &err);
-        out->h.rc = rc;
-        snprintf (out->h.msg, sizeof out->h.msg, "%s", err.msg);
-        s_out_free (out);
-        out->h.n_rows = 0;
+        s_out_fail (out, rc, &err);
         rx_engine_destroy (&e);
         rx_boot_close (&b);
         return;
@@ -827,12 +840,7 @@ static void s_run_dp (const struct tp_job *j, int32_t rank, int32_t size, struct
         for (int32_t s = 0; s < 1 + j->n_gen && rc == RX_OK; s++) rc = rx_engine_idle (e, &err);
     /* Everybody idle: no collective at all, and nothing hangs. */
     if (rc == RX_OK) rc = rx_engine_idle (e, &err);
-    if (rc != RX_OK) {
-        out->h.rc = rc;
-        snprintf (out->h.msg, sizeof out->h.msg, "%s", err.msg);
-        s_out_free (out);   /* a failed rank reports no rows */
-        out->h.n_rows = 0;
-    }
+    if (rc != RX_OK) s_out_fail (out, rc, &err);
     rx_engine_destroy (&e);
     rx_boot_close (&b);
 }
@@ -1024,6 +1032,9 @@ static void s_run_dp_graphs (const struct tp_job *j, int32_t rank, struct tp_out
     if (rc == RX_OK) rc = rx_conf_set (b.conf, "kernels", "threads", "1", &err);
     if (rc == RX_OK) rc = rx_conf_set (b.conf, "kernels.cpu", "graphs", "true", &err);
     if (rc == RX_OK) rc = rx_conf_set (b.conf, "scheduler", "cuda_graph_max_bs", num, &err);
+    if (rc == RX_OK && j->moe) rc = rx_conf_set (b.conf, "moe", "dispatcher", j->moe, &err);
+    snprintf (num, sizeof num, "%d", (int) j->ep_size);
+    if (rc == RX_OK && j->ep_size) rc = rx_conf_set (b.conf, "parallel", "ep_size", num, &err);
     rx_engine_t *e = NULL;
     if (rc == RX_OK) {
         struct rx_engine_opts o = {
@@ -1068,17 +1079,9 @@ static void s_run_dp_graphs (const struct tp_job *j, int32_t rank, struct tp_out
         for (int32_t g = 0; g < G && rc == RX_OK; g++)   /* phase 4 */
             rc = s_dpg_step (&d, 1, rank == 0 ? mine : pd, NULL, NULL, &err);
         if (rc == RX_OK) rc = rx_engine_idle (e, &err);
-        const struct rx_kernels_ops *K = NULL;
-        void *be = NULL;
-        rx_engine_kernels (e, &K, &be);
-        for (int n = 1; n <= 3; n++) out->h.graph[n] = K->graph_has (be, (j->graph_tag << 24) | (uint64_t) n);
+        s_graphs_of (e, j->graph_tag, out);
     }
-    if (rc != RX_OK) {
-        out->h.rc = rc;
-        snprintf (out->h.msg, sizeof out->h.msg, "%s", err.msg);
-        s_out_free (out);
-        out->h.n_rows = 0;
-    }
+    if (rc != RX_OK) s_out_fail (out, rc, &err);
     rx_engine_destroy (&e);
     rx_boot_close (&b);
 }
@@ -1094,14 +1097,15 @@ static void s_run_dp_graphs (const struct tp_job *j, int32_t rank, struct tp_out
 #define S_LL_TAG 0x6c6c616d61ull
 #define S_DS_TAG 0x6473656b32ull
 
-static void s_dp_graphs (const char *model, uint64_t tag)
+static void s_dp_graphs_ep (const char *model, uint64_t tag, const char *moe, int32_t ep_size, int want)
 {
     struct ref_prompts rp;
     char *gguf = s_ref_load (model, &rp);
     cr_assert (rp.n >= 2);
     struct tp_job j = { .gguf = gguf, .n_prompts = 2, .prompt = { rp.ids[0], rp.ids[1] },
                         .n_prompt = { rp.len[0], rp.len[1] }, .n_gen = 6, .comm = "shm",
-                        .group = s_group ("dpg"), .timeout_s = 60, .dp = 2, .graph_bs = 2, .graph_tag = tag };
+                        .group = s_group ("dpg"), .timeout_s = 60, .dp = 2, .graph_bs = 2, .graph_tag = tag,
+                        .moe = moe, .ep_size = ep_size };
     struct tp_out gr[2], eg[2];
     s_run_ranks (&j, 2, gr);
     j.graph_bs = 0;
@@ -1112,8 +1116,12 @@ static void s_dp_graphs (const char *model, uint64_t tag)
         cr_assert_eq (gr[r].h.rc, RX_OK, "%s: graphs, rank %d: %s", model, r, gr[r].h.msg);
         cr_assert_eq (eg[r].h.rc, RX_OK, "%s: op by op, rank %d: %s", model, r, eg[r].h.msg);
         cr_assert_eq (gr[r].h.n_rows, eg[r].h.n_rows);
-        cr_assert (gr[r].h.graph[1] && gr[r].h.graph[2], "%s: rank %d: graphs of 1 and 2 rows (%d %d)", model, r,
-                   gr[r].h.graph[1], gr[r].h.graph[2]);
+        if (want)
+            cr_assert (gr[r].h.graph[1] && gr[r].h.graph[2], "%s: rank %d: graphs of 1 and 2 rows (%d %d)", model, r,
+                       gr[r].h.graph[1], gr[r].h.graph[2]);
+        else
+            cr_assert (!gr[r].h.graph[1] && !gr[r].h.graph[2], "%s %s: rank %d: no graphs (%d %d)", model,
+                       moe ? moe : "", r, gr[r].h.graph[1], gr[r].h.graph[2]);
         cr_assert_eq (gr[r].h.graph[3], 0, "%s: rank %d: no graph of 3 rows", model, r);
         cr_assert (!eg[r].h.graph[1] && !eg[r].h.graph[2], "%s: rank %d: no graphs when off", model, r);
         cr_assert (!memcmp (gr[r].h.gen, eg[r].h.gen, sizeof gr[r].h.gen), "%s: rank %d: the same greedy tokens",
@@ -1144,6 +1152,8 @@ static void s_dp_graphs (const char *model, uint64_t tag)
     free (gguf);
 }
 
+static void s_dp_graphs (const char *model, uint64_t tag) { s_dp_graphs_ep (model, tag, NULL, 0, 1); }
+
 Test (tp, dp_attention_graphs) { s_dp_graphs ("tiny-llama", S_LL_TAG); }
 Test (tp, dp_attention_graphs_q8) { s_dp_graphs ("tiny-llama-q8", S_LL_TAG); }
 /* An MoE model (moe-local, every rank all experts: nothing exchanged):
@@ -1155,6 +1165,16 @@ Test (tp, dp_attention_graphs_moe) { s_dp_graphs ("tiny-moe", S_LL_TAG); }
  * beside the replaying one), the leading dense block's FFN split over the
  * group, the MoE blocks on the device. */
 Test (tp, dp_attention_graphs_deepseek2) { s_dp_graphs ("tiny-deepseek2", S_DS_TAG); }
+/* Expert parallelism (ep_size 2): moe-ep_low_latency's device path
+ * (kernels' moe_ll_pack / moe_ll_unpack, fixed-shape exchange captured
+ * with the step) replays; ep_normal exchanges counts through the host, so
+ * its steps run op by op (the same logits either way). */
+Test (tp, dp_attention_graphs_moe_ep_low_latency) { s_dp_graphs_ep ("tiny-moe", S_LL_TAG, "ep_low_latency", 2, 1); }
+Test (tp, dp_attention_graphs_deepseek2_ep_low_latency)
+{
+    s_dp_graphs_ep ("tiny-deepseek2", S_DS_TAG, "ep_low_latency", 2, 1);
+}
+Test (tp, dp_attention_graphs_moe_ep_normal_op_by_op) { s_dp_graphs_ep ("tiny-moe", S_LL_TAG, "ep_normal", 2, 0); }
 
 
 /* [scheduler] cuda_graph_max_bs under tensor parallelism (2 ranks, comm-shm

@@ -187,10 +187,13 @@ struct rx_comm_ops {
     /* (optional; absent = 0) 1 if this instance's blocking collectives
      * issued on a stream during a kernel graph capture are captured:
      * recorded, and run at every launch of the graph (with the buffers and
-     * counts of capture time, the data of launch time).  Only all_reduce,
-     * all_gather, reduce_scatter, broadcast and barrier; never start/wait
-     * nor all_to_all_v (its count arrays are host memory read when it
-     * runs).  Errors of a launched collective break the group: the launch
+     * counts of capture time, the data of launch time).  all_reduce,
+     * all_gather, reduce_scatter, all_to_all_v, broadcast and barrier;
+     * never start/wait.  all_to_all_v's count and displacement arrays are
+     * host memory: comm-shm reads them when the collective runs (at every
+     * launch), comm-nccl at capture (it enqueues ncclSend/ncclRecv with
+     * them), so the caller keeps them valid and unchanged while the graph
+     * lives.  Errors of a launched collective break the group: the launch
      * itself cannot report them, so check() and every later call do.
      * comm-nccl: 1 (NCCL >= 2.9 captures; its barrier waits on the host,
      * so not that one); comm-shm: 1 on a synchronous backend with host_fn

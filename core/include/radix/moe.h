@@ -90,10 +90,20 @@ struct rx_moe_routed {
  * device without a synchronize (moe-local does, when the backend has
  * moe_sort, gather_rows and moe_combine), so a step with MoE blocks can be
  * captured as a graph: it returns offsets = NULL, d_offsets set, and n_rows
- * an upper bound of the rows (n_tok x k: rows from d_offsets[n_local_expert]
- * on are unused).  Every other dispatcher, or the same one on another
- * backend, ignores the flag: host offsets as before, d_offsets NULL, so the
- * caller checks which it got.  The device sort does not check the ids: a
+ * an upper bound of the rows (rows from d_offsets[n_local_expert] on are
+ * unused).  Dispatchers that honour it: moe-local (n_rows n_tok x k; needs
+ * moe_sort, gather_rows, moe_combine) and moe-ep_low_latency (n_rows
+ * ep_size x max_tokens x k; needs those and moe_ll_pack / moe_ll_unpack:
+ * the fixed-shape exchange then carries the counts on the device, so a
+ * step with DP attention + expert parallelism can be captured too).
+ * On both, d_offsets - first_expert is valid too, as device offsets
+ * [n_expert + 1] over ALL experts (zero-length ranges outside this rank's):
+ * what matmul_grouped needs on a 3-D weight holding every expert (pass
+ * d_offsets itself for a weight of the local experts only).
+ * moe-ep_normal and moe-ep_auto (whose per-call choices read counts on
+ * the host), every dispatcher on a backend without those ops, ignore the
+ * flag: host offsets as before, d_offsets NULL, so the caller checks which
+ * it got.  The device sort does not check the ids: a
  * choice outside the experts is left out of the layer (the host path
  * reports it).  Only dispatch() looks at the flag; dispatch_wait hands out
  * host offsets. */
