@@ -197,6 +197,7 @@ struct ep {
     size_t *dc_cnt, *dc_dsp;    /* [P]: combine exchange, S E floats at q B + H */
     int dev;                    /* the last dispatch ran on the device */
     int no_dev;                 /* the backend refused moe_sort for our shape: host path for good */
+    int dev_said;               /* the first device dispatch was logged */
 
     int mode;                   /* of the last dispatch */
     int32_t n_tok;              /* of the last dispatch; -1 = none */
@@ -784,6 +785,12 @@ static int s_dispatch_dev (struct ep *m, const float *x, size_t ldx, int32_t n_t
     memcpy (routed, &o, routed->struct_size < sizeof o ? routed->struct_size : sizeof o);
     m->mode = EP_LL;
     m->dev = 1;
+    if (!m->dev_said) {
+        m->dev_said = 1;
+        RX_HLOG (m->host, RX_LOG_INFO,
+                 "rank %d: dispatching on the device (moe_ll_pack / moe_ll_unpack: no routing on the host, graph-capturable)",
+                 m->rank);
+    }
     m->n_rows = (int32_t) (P * m->S);
     m->n_tok = n_tok;
     m->phase = EP_DISPATCHED;

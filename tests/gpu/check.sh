@@ -17,7 +17,9 @@
 #                 and on an ABI 1.0 view of the backend, to bisect;
 #   5. ranks:     radixd with conf/radixd-dp-attention.ini (DP attention +
 #                 expert parallelism, 2 ranks on the one GPU) on CUDA: its
-#                 greedy completions must equal the CPU backend's;
+#                 greedy completions must equal the CPU backend's, and
+#                 again with ep_low_latency (its device path: moe_ll_pack /
+#                 moe_ll_unpack in a real DP+EP flow);
 #                 then tiny-llama with device sampling on: seeded sampled
 #                 completions repeat, greedy ones equal the CPU's;
 #   6. bench:     a ~1B-parameter `radix gguf-gen` llama in BF16 and Q8_0:
@@ -173,11 +175,12 @@ done
 # ------------------------------------------------------------------- ranks --
 # DP attention + EP: conf/radixd-dp-attention.ini, two ranks on this GPU
 # (the engine puts every rank on device 0), against the same on the CPU.
-serve() {   # serve BACKEND PORT LOG -> greedy completions on stdout
+serve() {   # serve BACKEND PORT LOG [DISPATCHER] -> greedy completions on stdout
   sed -e "s|^backend = .*|backend = $1|" -e "s|^port = .*|port = $2|" \
       -e "s|^path = \\.\\./\\.\\./shared|path = $SHARED|" \
-      "$SRC/conf/radixd-dp-attention.ini" > "$OUT/dp-$1.ini"
-  "$B/core/radixd" -c "$OUT/dp-$1.ini" > "$3" 2>&1 &
+      -e "s|^dispatcher = .*|dispatcher = ${4:-ep_auto}|" \
+      "$SRC/conf/radixd-dp-attention.ini" > "$OUT/dp-$1${4:+-$4}.ini"
+  "$B/core/radixd" -c "$OUT/dp-$1${4:+-$4}.ini" > "$3" 2>&1 &
   pid=$!
   python3 - "$2" <<'EOF'
 import json, sys, time, urllib.request
@@ -211,6 +214,21 @@ if serve cuda 30171 "$OUT/dp-cuda.log" > "$OUT/dp-cuda.out" 2>&1 &&
   fi
 else
   row dp-attention+ep FAIL "radixd or a request failed (dp-*.log, dp-*.out)"
+fi
+# The same with ep_low_latency: on CUDA its decode steps take the device
+# path (moe_sort, moe_ll_pack, the fixed exchange, moe_ll_unpack,
+# moe_combine: no routing on the host), against the CPU's completions.
+if serve cuda 30173 "$OUT/dp-cuda-ll.log" ep_low_latency > "$OUT/dp-cuda-ll.out" 2>&1 &&
+   [ -s "$OUT/dp-cpu.out" ]; then
+  if ! grep -q "dispatching on the device" "$OUT/dp-cuda-ll.log"; then
+    row dp-attention+ep-ll FAIL "the device path did not run (dp-cuda-ll.log)"
+  elif cmp -s "$OUT/dp-cuda-ll.out" "$OUT/dp-cpu.out"; then
+    row dp-attention+ep-ll ok "ep_low_latency's device path: 4 greedy completions equal the CPU's"
+  else
+    row dp-attention+ep-ll FAIL "completions differ from the CPU's (dp-cuda-ll.out vs dp-cpu.out)"
+  fi
+else
+  row dp-attention+ep-ll FAIL "radixd or a request failed (dp-cuda-ll.log, dp-cuda-ll.out)"
 fi
 
 # ---------------------------------------------------------------- sampling --
