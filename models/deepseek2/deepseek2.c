@@ -793,7 +793,7 @@ static int s_create (const struct rx_host *host, const struct rx_model_src *src,
     /* Graphs with several ranks (models/graph.h rx_model_graphs_ranks):
      * under DP attention not with two-batch overlap; the MoE blocks replay
      * once the dispatcher gives device offsets (s_dp_graph_step: moe-local,
-     * moe-ep_low_latency with the backend's low-latency ops); attn-mla's
+     * moe-ep_low_latency / ep_auto with the backend's low-latency ops); attn-mla's
      * host-side prepare runs before each capture or replay. */
     rx_model_graphs_ranks (&m->graphs, src->path, m->rank, m->n_rank, m->dp_attn,
                            m->dp_attn && m->n_dense < m->n_layer && m->tbo ? "two-batch overlap" : NULL, m->comm,
@@ -1092,6 +1092,10 @@ static int s_moe (struct ds_model *m, const struct ds_layer *Y, size_t n, size_t
         /* nc 0: this rank has no rows left but a peer has (DP attention). */
         const size_t nc = c0 >= n ? 0 : n - c0 < (size_t) m->moe_chunk ? n - c0 : (size_t) m->moe_chunk;
         struct rx_moe_routed r = { .struct_size = sizeof r };
+        /* DP attention: every rank's chunk c0 has at most this many rows
+         * (moe.h group_max_tok: ep_auto's mode without a vote). */
+        if (m->dp_attn)
+            r.group_max_tok = (int32_t) (group_rows - c0 < (size_t) m->moe_chunk ? group_rows - c0 : (size_t) m->moe_chunk);
         const int dev = rx_moe_experts_device (&m->place, nc);
         if (dev) r.flags = RX_MOE_ROUTED_DEVICE;
         DS_TRY (m->moe_ops->dispatch (m->moe, m->h + c0 * E, E, (int32_t) nc, m->d_topk + c0 * KK,

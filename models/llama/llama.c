@@ -1164,6 +1164,10 @@ static int s_moe_ffn (struct ll_model *m, const struct ll_layer *L, size_t nn, s
         /* cn 0: this rank has no rows left but a peer has (DP attention). */
         size_t cn = c0 >= nn ? 0 : nn - c0 < (size_t) m->moe_chunk ? nn - c0 : (size_t) m->moe_chunk;
         struct rx_moe_routed r = { .struct_size = sizeof r };
+        /* DP attention: every rank's chunk c0 has at most this many rows
+         * (moe.h group_max_tok: ep_auto's mode without a vote). */
+        if (m->dp_attn)
+            r.group_max_tok = (int32_t) (group_rows - c0 < (size_t) m->moe_chunk ? group_rows - c0 : (size_t) m->moe_chunk);
         const int dev = rx_moe_experts_device (&m->place, cn);
         if (dev) r.flags = RX_MOE_ROUTED_DEVICE;
         LL_TRY (m->moe_ops->dispatch (m->moe, m->h + c0 * E, E, (int32_t) cn, m->topi + c0 * KU,
@@ -1200,8 +1204,9 @@ static int s_dp_counts (struct ll_model *m, int32_t n, int graph_ok, int32_t *M,
  * DP attention also no two-batch overlap and an attention backend without
  * a host-side prepare.  An MoE model's steps replay once its dispatcher
  * gives device offsets (s_dp_graph_step): moe-local, and with expert
- * parallelism moe-ep_low_latency on a backend with the low-latency ops
- * (ep_normal and ep_auto exchange counts through the host: never). */
+ * parallelism moe-ep_low_latency or moe-ep_auto (told group_max_tok) on a
+ * backend with the low-latency ops (ep_normal exchanges counts through
+ * the host: never). */
 static void s_graph_mode (struct ll_model *m, const char *path)
 {
     const char *why = NULL;

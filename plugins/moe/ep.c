@@ -69,7 +69,11 @@
  *     normal.  The low-latency buffers are sized from decode_max_tokens,
  *     not max_tokens.  Default decode_max_tokens 0 = the largest batch
  *     whose slot per peer fits 64 KiB, at most max_tokens (see
- *     DECODE_SLOT_BYTES: bench/moe-bench's crossover on comm-shm).
+ *     DECODE_SLOT_BYTES: bench/moe-bench's crossover on comm-shm).  A
+ *     caller that knows the group's largest n_tok passes it
+ *     (routed.group_max_tok: the models do under DP attention, from the
+ *     step's count exchange): no vote then, and a low-latency call asked
+ *     for device offsets takes the device path below, as ep_low_latency.
  *
  * combine: routed.y goes back the way it came (reordered to (rank, expert)
  * order, the reverse all_to_all_v into the send area, in the rows the
@@ -385,7 +389,7 @@ static int s_create (const struct rx_host *host, const struct rx_moe_config *cfg
     }
     /* The device path (low-latency only, see the top): sort, pack, unpack
      * and combine on the device. */
-    const int dev_ops = EP_MODE == EP_LL && RX_HAS (struct rx_kernels_ops, K, moe_ll_unpack) && K->moe_sort
+    const int dev_ops = EP_MODE != EP_NORMAL && m->ll_tokens > 0 && RX_HAS (struct rx_kernels_ops, K, moe_ll_unpack) && K->moe_sort
                         && K->gather_rows && K->moe_combine && K->moe_ll_pack && K->moe_ll_unpack;
     if (dev_ops) {
         /* int32 / float arrays, each padded to 16 elements (64 bytes) */
@@ -566,7 +570,7 @@ static int s_dcheck (struct ep *m, const float *x, size_t ldx, int32_t n_tok, co
  * normal: the count exchange before it is blocking (the rows' sizes depend
  * on it). */
 static int s_dstart (struct ep *m, const float *x, size_t ldx, int32_t n_tok, const int32_t *ids,
-                     const float *w, int async, struct rx_err *err)
+                     const float *w, int async, int32_t gmax_hint, struct rx_err *err)
 {
     EP_TRY (s_dcheck (m, x, ldx, n_tok, ids, w, err));
     const struct rx_kernels_ops *K = m->K;
@@ -597,9 +601,10 @@ static int s_dstart (struct ep *m, const float *x, size_t ldx, int32_t n_tok, co
 
     /* The mode of this call. */
     int mode = EP_MODE == EP_LL ? EP_LL : EP_NORMAL;
+    (void) gmax_hint;
 #if EP_MODE == EP_AUTO
-    int32_t gmax = n_tok;
-    if (P > 1) {
+    int32_t gmax = gmax_hint > 0 ? gmax_hint : n_tok;
+    if (P > 1 && gmax_hint <= 0) {
         EP_TRY (K->copy_h2d (m->be, m->st, m->dmax, &gmax, sizeof gmax, err));
         int rc = m->C->all_reduce (m->comm, m->st, m->dmax, m->dmax, 1, RX_I32, RX_COMM_MAX, err);
         if (rc != RX_OK) return rx_err_set (err, rc, EP_TAG " rank %d: %s", m->rank, err ? err->msg : "");
@@ -804,13 +809,24 @@ static int s_dispatch (void *p, const float *x, size_t ldx, int32_t n_tok, const
     if (!m || !routed)
         return rx_err_set (err, RX_EINVAL, EP_TAG ": dispatch: NULL instance or routed");
     EP_TRY (s_routed_ok (routed, err));
-    if (m->dmem && !m->no_dev
+    /* ep_auto: the group's largest n_tok from the caller (moe.h
+     * group_max_tok) saves the mode vote; a hint below n_tok would make the
+     * ranks disagree on the mode: refused before any collective. */
+    const int32_t hint = routed->struct_size >= offsetof (struct rx_moe_routed, group_max_tok) + sizeof routed->group_max_tok
+                             ? routed->group_max_tok : 0;
+    if (hint > 0 && hint < n_tok)
+        return rx_err_set (err, RX_EINVAL, EP_TAG " rank %d: dispatch: group_max_tok %d is below this rank's n_tok %d",
+                           m->rank, hint, n_tok);
+    /* The device path: ep_low_latency always; ep_auto when the hint says
+     * the group is in low-latency range (its vote would read the host). */
+    const int dev_mode = EP_MODE == EP_LL || (EP_MODE == EP_AUTO && hint > 0 && hint <= m->ll_tokens);
+    if (dev_mode && m->dmem && !m->no_dev
         && routed->struct_size >= offsetof (struct rx_moe_routed, d_offsets) + sizeof routed->d_offsets
         && (routed->flags & RX_MOE_ROUTED_DEVICE)) {
         int rc = s_dispatch_dev (m, x, ldx, n_tok, ids, w, routed, err);
         if (rc != RX_ENOTSUP) return rc;
     }
-    EP_TRY (s_dstart (m, x, ldx, n_tok, ids, w, 0, err));
+    EP_TRY (s_dstart (m, x, ldx, n_tok, ids, w, 0, hint, err));
     return s_dfinish (m, routed, err);
 }
 
@@ -819,7 +835,7 @@ static int s_dispatch_start (void *p, const float *x, size_t ldx, int32_t n_tok,
 {
     struct ep *m = p;
     if (!m) return rx_err_set (err, RX_EINVAL, EP_TAG ": dispatch_start: NULL instance");
-    return s_dstart (m, x, ldx, n_tok, ids, w, 1, err);
+    return s_dstart (m, x, ldx, n_tok, ids, w, 1, 0, err);
 }
 
 static int s_dispatch_wait (void *p, struct rx_moe_routed *routed, struct rx_err *err)

@@ -497,6 +497,7 @@ Test (moe_ep, bad_configs)
 
 struct dscen {
     int NE, k, E, T, P;
+    int hint;                   /* s_graph_rank: routed.group_max_tok of every dispatch (0: none) */
 };
 
 /* Tokens of rank r in device-path round i: uneven, idle ranks, full. */
@@ -713,7 +714,8 @@ static int s_graph_rank (const struct env *e, int rank, const struct dscen *sc)
 
     /* capture: nothing runs (no host copy or synchronize may happen) */
     CHECK_OK (K->graph_begin (be, NULL, S_GKEY, &err));
-    struct rx_moe_routed r = { .struct_size = sizeof r, .flags = RX_MOE_ROUTED_DEVICE };
+    struct rx_moe_routed r = { .struct_size = sizeof r, .flags = RX_MOE_ROUTED_DEVICE,
+                               .group_max_tok = sc->hint };
     CHECK_OK (e->M->dispatch (moe, dx, E, n, dids, dw, &r, &err));
     CHECK (!r.offsets && r.d_offsets && r.first_expert == first, "captured dispatch took the host path");
     CHECK_OK (K->matmul_grouped (be, NULL, W, r.d_offsets - r.first_expert, 0, r.x, E, r.y, E, (size_t) r.n_rows, 0,
@@ -736,7 +738,7 @@ static int s_graph_rank (const struct env *e, int rank, const struct dscen *sc)
         if (comm) CHECK_OK (e->C->check (comm, &err));
         CHECK_OK (K->copy_d2h (be, NULL, got, dout, T * E * sizeof (float), &err));
         /* the reference: the host path, eager, same inputs and experts */
-        struct rx_moe_routed h = { .struct_size = sizeof h };
+        struct rx_moe_routed h = { .struct_size = sizeof h, .group_max_tok = sc->hint };
         CHECK_OK (e->M->dispatch (moe, dx, E, n, dids, dw, &h, &err));
         CHECK (h.offsets, "flags 0 gave no host offsets");
         for (int g = 0; g <= NE; g++) goff[g] = g < first ? 0 : g > first + nl ? h.offsets[nl] : h.offsets[g - first];
@@ -809,6 +811,44 @@ Test (moe_ep, normal_and_auto_ignore_the_device_flag)
 {
     s_run_dev ("ep_normal", NULL, DSC2, 0);
     s_run_dev ("ep_auto", NULL, DSC3, 0);
+}
+
+/* ep_auto told the group's largest n_tok (moe.h group_max_tok, as the
+ * models pass it under DP attention) picks low-latency without a vote, so
+ * its decode dispatches take the device path and are captured; without
+ * the hint they keep host offsets (above).  A hint below n_tok is refused
+ * before any collective. */
+Test (moe_ep, auto_with_group_max_tok_takes_the_device_path)
+{
+    const char *ini = "[kernels.cpu]\ngraphs = true\nthreads = 1\n";
+    struct dscen a = DSC2, b = DSC3;
+    a.hint = a.T;
+    b.hint = b.T;
+    s_run_dev ("ep_auto", ini, a, 1);
+    s_run_dev ("ep_auto", ini, b, 1);
+    struct env e;
+    s_load (&e, "ep_auto", NULL);
+    struct rx_err err = { 0 };
+    void *be, *moe = NULL;
+    struct rx_kernels_params kp = { .struct_size = sizeof kp, .threads = 1 };
+    cr_assert_eq (e.K->create (e.kh, &kp, &be, &err), RX_OK, "%s", err.msg);
+    struct rx_moe_config c = { .struct_size = sizeof c, .n_expert = 4, .n_expert_used = 2, .n_embd = 8,
+                               .max_tokens = 4, .ep_rank = 0, .ep_size = 1, .kops = e.K, .kbe = be };
+    cr_assert_eq (e.M->create (e.mh, &c, &moe, &err), RX_OK, "%s", err.msg);
+    struct rx_moe_routed r = { .struct_size = sizeof r, .flags = RX_MOE_ROUTED_DEVICE, .group_max_tok = 2 };
+    float *dx, *dw;
+    int32_t *dids;
+    cr_assert_eq (e.K->alloc (be, 4 * 8 * sizeof (float), 0, (void **) &dx, &err), RX_OK);
+    cr_assert_eq (e.K->alloc (be, 4 * 2 * sizeof (float), 0, (void **) &dw, &err), RX_OK);
+    cr_assert_eq (e.K->alloc (be, 4 * 2 * sizeof (int32_t), 0, (void **) &dids, &err), RX_OK);
+    cr_assert_eq (e.M->dispatch (moe, dx, 8, 3, dids, dw, &r, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "group_max_tok 2 is below this rank's n_tok 3"), "%s", err.msg);
+    e.K->free_ (be, dx);
+    e.K->free_ (be, dw);
+    e.K->free_ (be, dids);
+    e.M->destroy (moe);
+    e.K->destroy (be);
+    s_close (&e);
 }
 
 Test (moe_ep, low_latency_device_path_graph_replays_2_3_ranks)

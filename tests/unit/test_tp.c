@@ -1174,6 +1174,10 @@ Test (tp, dp_attention_graphs_deepseek2_ep_low_latency)
 {
     s_dp_graphs_ep ("tiny-deepseek2", S_DS_TAG, "ep_low_latency", 2, 1);
 }
+/* ep_auto: the model passes the group's largest chunk (moe.h
+ * group_max_tok, from the count exchange), so its mode needs no vote and
+ * its decode steps take the low-latency device path and replay too. */
+Test (tp, dp_attention_graphs_moe_ep_auto) { s_dp_graphs_ep ("tiny-moe", S_LL_TAG, "ep_auto", 2, 1); }
 Test (tp, dp_attention_graphs_moe_ep_normal_op_by_op) { s_dp_graphs_ep ("tiny-moe", S_LL_TAG, "ep_normal", 2, 0); }
 
 

@@ -82,6 +82,13 @@ struct rx_moe_routed {
     /* -- appended in ABI 1.3 -- */
     uint32_t flags;                  /* in: RX_MOE_ROUTED_* (0: host offsets, as before) */
     const int32_t *d_offsets;        /* out: device [n_local_expert + 1] or NULL (see below) */
+    /* -- appended in ABI 1.4 -- */
+    int32_t  group_max_tok;          /* in: the largest n_tok of this call over the EP group when
+                                        the caller knows it (DP attention: the ranks' chunk of
+                                        the same index, from the step's count exchange), else 0.
+                                        moe-ep_auto then picks its mode from it instead of an
+                                        all_reduce (no host read: its low-latency calls take the
+                                        device path too).  Every rank must pass it alike. */
 };
 
 /* rx_moe_routed.flags: the caller can run the experts from device offsets
@@ -100,9 +107,10 @@ struct rx_moe_routed {
  * [n_expert + 1] over ALL experts (zero-length ranges outside this rank's):
  * what matmul_grouped needs on a 3-D weight holding every expert (pass
  * d_offsets itself for a weight of the local experts only).
- * moe-ep_normal and moe-ep_auto (whose per-call choices read counts on
- * the host), every dispatcher on a backend without those ops, ignore the
- * flag: host offsets as before, d_offsets NULL, so the caller checks which
+ * moe-ep_auto honours it too on a call whose group_max_tok (below) puts
+ * it in low-latency mode.  moe-ep_normal, moe-ep_auto without that hint
+ * or in normal mode (their per-call choices read counts on the host), and
+ * every dispatcher on a backend without those ops ignore the flag: host offsets as before, d_offsets NULL, so the caller checks which
  * it got.  The device sort does not check the ids: a
  * choice outside the experts is left out of the layer (the host path
  * reports it).  Only dispatch() looks at the flag; dispatch_wait hands out
