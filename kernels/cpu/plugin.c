@@ -17,6 +17,7 @@
 #include "graph.h"
 #include "matmul.h"
 #include "ops.h"
+#include "../moe_ll_args.h"
 #include "plugin.h"
 #include "quant.h"
 
@@ -964,21 +965,6 @@ static int s_moe_combine (void *be, rx_kstream_t *s, const float *y, size_t ldy,
 
 /* -- the low-latency expert-parallel exchange (kernel ABI 1.4) -- */
 
-/* The layout's sizes, common to pack and unpack: n_rank blocks of hrows +
- * slots rows of dim floats, rows counted in int32 (slot_of, order, back). */
-static int s_ll_layout (const char *s_op, size_t n_rank, size_t slots, size_t hrows, size_t dim,
-                        struct rx_err *err)
-{
-    S_NEED (n_rank >= 1, "kernels-cpu %s: n_rank is 0", s_op);
-    S_NEED (hrows >= 1 && dim >= 1, "kernels-cpu %s: hrows %zu and dim %zu must be >= 1 (the "
-            "header holds the counts)", s_op, hrows, dim);
-    S_NEED (slots <= (size_t) INT32_MAX / n_rank && hrows <= (size_t) INT32_MAX / n_rank - slots &&
-            n_rank * (hrows + slots) <= SIZE_MAX / sizeof (float) / dim,
-            "kernels-cpu %s: %zu blocks of %zu + %zu rows do not fit int32 row numbers", s_op,
-            n_rank, hrows, slots);
-    return RX_OK;
-}
-
 /* The offsets, row and src are device memory, which the CPU can read:
  * checked here (moe_sort's shape: offsets[0] = 0, nondecreasing, at most
  * n_tok * k rows; src rows of x), so a bad one is an error rather than a
@@ -989,25 +975,9 @@ static int s_moe_ll_pack (void *be, rx_kstream_t *s, const float *x, size_t ldx,
                           size_t dim, float *send, int32_t *slot_of, struct rx_err *err)
 {
     S_BEGIN ("moe_ll_pack");
-    S_NEED (n_expert >= 1 && n_expert < INT32_MAX, "kernels-cpu moe_ll_pack: n_expert %zu "
-            "(1..2^31-2)", n_expert);
-    S_NEED (n_rank >= 1 && n_rank <= n_expert, "kernels-cpu moe_ll_pack: n_rank %zu outside "
-            "1..n_expert (%zu): every rank owns at least one expert", n_rank, n_expert);
-    S_NEED (kk >= 1, "kernels-cpu moe_ll_pack: k is 0");
-    int rc = s_ll_layout (s_op, n_rank, slots, hrows, dim, err);
+    int rc = rx_ll_pack_args ("kernels-cpu", x, ldx, ids, offsets, row, src, n_tok, kk, n_expert, n_rank, slots,
+                              hrows, dim, send, slot_of, (size_t) INT32_MAX, err);
     if (rc != RX_OK) return rc;
-    S_NEED (n_tok <= slots / kk, "kernels-cpu moe_ll_pack: %zu tokens x k = %zu choices exceed "
-            "the %zu slots of a block", n_tok, kk, slots);
-    const size_t most = (n_expert + n_rank - 1) / n_rank;
-    S_NEED (hrows * dim >= most, "kernels-cpu moe_ll_pack: a header of %zu x %zu int32 cannot "
-            "hold the largest rank's %zu expert counts (%zu experts over %zu ranks)", hrows, dim,
-            most, n_expert, n_rank);
-    S_NEED (offsets && send, "kernels-cpu moe_ll_pack: offsets or send is NULL (the headers are "
-            "written even for n_tok 0)");
-    S_NEED (n_tok == 0 || (x && ids && row && src && slot_of),
-            "kernels-cpu moe_ll_pack: x, ids, row, src or slot_of is NULL");
-    S_NEED (n_tok == 0 || ldx >= dim, "kernels-cpu moe_ll_pack: ldx = %zu is smaller than dim %zu",
-            ldx, dim);
     S_DEV (x);
     S_DEV (ids);
     S_DEV (offsets);
@@ -1037,12 +1007,9 @@ static int s_moe_ll_unpack (void *be, rx_kstream_t *s, const float *recv, size_t
                             int32_t *back, struct rx_err *err)
 {
     S_BEGIN ("moe_ll_unpack");
-    int rc = s_ll_layout (s_op, n_rank, slots, hrows, dim, err);
+    int rc = rx_ll_unpack_args ("kernels-cpu", recv, n_rank, slots, hrows, dim, n_local, offsets, order, back,
+                                (size_t) INT32_MAX, err);
     if (rc != RX_OK) return rc;
-    S_NEED (n_local >= 1 && n_local <= hrows * dim, "kernels-cpu moe_ll_unpack: n_local %zu outside "
-            "1..%zu (the header's hrows x dim int32)", n_local, hrows * dim);
-    S_NEED (recv && offsets && order && back,
-            "kernels-cpu moe_ll_unpack: recv, offsets, order or back is NULL");
     S_DEV (recv);
     S_DEV (offsets);
     S_DEV (order);

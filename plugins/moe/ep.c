@@ -854,40 +854,13 @@ static int s_dispatch_wait (void *p, struct rx_moe_routed *routed, struct rx_err
     return s_dfinish (m, routed, err);
 }
 
-/* The first half of a combine: routed.y back to (rank, expert) order in the
- * receive area, the reverse exchange started (async) or done. */
-static int s_cstart (struct ep *m, float *out, size_t ldo, uint32_t flags, int async, struct rx_err *err)
+/* The host path's half of s_cstart: routed.y back to (rank, expert) order
+ * in the receive area, the reverse exchange started (async) or done. */
+static int s_cstart_host (struct ep *m, int mode, int async, struct rx_err *err)
 {
-    if (m->phase == EP_DSTARTED || m->phase == EP_CSTARTED)
-        return rx_err_set (err, RX_EINVAL, EP_TAG " rank %d: combine while an exchange is in flight (dispatch_wait / combine_wait first)",
-                           m->rank);
-    if (m->n_tok < 0 || m->phase != EP_DISPATCHED)
-        return rx_err_set (err, RX_EINVAL, EP_TAG ": combine without a successful dispatch before it");
-    const int32_t n_tok = m->n_tok, P = m->P, nl = m->nl;
-    const size_t E = (size_t) m->E;
-    const int mode = m->mode;
-    m->n_tok = -1;   /* combine consumes (and clobbers) the dispatch */
-    m->phase = EP_IDLE;
-    if (n_tok > 0 && (!out || ldo < E))
-        return rx_err_set (err, RX_EINVAL, EP_TAG ": combine: NULL out or ldo %zu < n_embd %zu", ldo, E);
-    if (flags & ~RX_MM_ACCUMULATE)
-        return rx_err_set (err, RX_EINVAL, EP_TAG ": combine: unknown flags 0x%x", flags);
     const struct rx_kernels_ops *K = m->K;
-
-    if (m->dev) {
-        /* routed.y back into the receive blocks (header rows and unused
-         * slot rows become zeros), then the slot parts go home. */
-        EP_TRY (K->gather_rows (m->be, m->st, m->lry, E, m->d_back, (size_t) P * (m->hrows + m->S), E, m->lrecv, E,
-                                err));
-        EP_TRY (s_a2a_go_arr (m, m->lrecv, m->dc_cnt, m->dc_dsp, m->lsend, m->dc_cnt, m->dc_dsp, RX_F32, async, err));
-        m->pend_tok = n_tok;
-        m->cout = out;
-        m->cldo = ldo;
-        m->cflags = flags;
-        m->phase = EP_CSTARTED;
-        return RX_OK;
-    }
-
+    const int32_t P = m->P, nl = m->nl;
+    const size_t E = (size_t) m->E;
     /* routed.y (expert, rank) -> the receive area in (rank, expert) order. */
     const float *ryp = mode == EP_NORMAL ? m->ry : m->lry;
     size_t at = 0;
@@ -915,6 +888,38 @@ static int s_cstart (struct ep *m, float *out, size_t ldo, uint32_t flags, int a
             m->sd[q] = m->rd[q] = (size_t) q * m->B + m->H;
         }
         EP_TRY (s_a2a_go (m, m->lrecv, m->lsend, RX_F32, async, err));
+    }
+    return RX_OK;
+}
+
+/* The first half of a combine: routed.y back to (rank, expert) order in the
+ * receive area, the reverse exchange started (async) or done. */
+static int s_cstart (struct ep *m, float *out, size_t ldo, uint32_t flags, int async, struct rx_err *err)
+{
+    if (m->phase == EP_DSTARTED || m->phase == EP_CSTARTED)
+        return rx_err_set (err, RX_EINVAL, EP_TAG " rank %d: combine while an exchange is in flight (dispatch_wait / combine_wait first)",
+                           m->rank);
+    if (m->n_tok < 0 || m->phase != EP_DISPATCHED)
+        return rx_err_set (err, RX_EINVAL, EP_TAG ": combine without a successful dispatch before it");
+    const int32_t n_tok = m->n_tok, P = m->P;
+    const size_t E = (size_t) m->E;
+    const int mode = m->mode;
+    m->n_tok = -1;   /* combine consumes (and clobbers) the dispatch */
+    m->phase = EP_IDLE;
+    if (n_tok > 0 && (!out || ldo < E))
+        return rx_err_set (err, RX_EINVAL, EP_TAG ": combine: NULL out or ldo %zu < n_embd %zu", ldo, E);
+    if (flags & ~RX_MM_ACCUMULATE)
+        return rx_err_set (err, RX_EINVAL, EP_TAG ": combine: unknown flags 0x%x", flags);
+    const struct rx_kernels_ops *K = m->K;
+
+    if (m->dev) {
+        /* routed.y back into the receive blocks (header rows and unused
+         * slot rows become zeros), then the slot parts go home. */
+        EP_TRY (K->gather_rows (m->be, m->st, m->lry, E, m->d_back, (size_t) P * (m->hrows + m->S), E, m->lrecv, E,
+                                err));
+        EP_TRY (s_a2a_go_arr (m, m->lrecv, m->dc_cnt, m->dc_dsp, m->lsend, m->dc_cnt, m->dc_dsp, RX_F32, async, err));
+    } else {
+        EP_TRY (s_cstart_host (m, mode, async, err));
     }
     m->pend_tok = n_tok;
     m->cout = out;
