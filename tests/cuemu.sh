@@ -3,7 +3,8 @@
 # emulated kernels-cuda.so (tests/cuemu/kernels-cuda.la: the unmodified
 # kernels/cuda sources on cuemu) against kernels-cpu, op by op, with
 # tests/gpu/compare -- once per kernel set: the defaults ("simple"), and
-# "fast" ([kernels.cuda] matvec = fast, attention = tiled), as
+# "fast" ([kernels.cuda] matvec = fast, attention = tiled,
+# attention_splits = auto), as
 # tests/gpu/check.sh does on a GPU.  TAP.
 #
 # The plugin folder is a temporary one: every plugin of RX_PLUGIN_BUILD_DIR
@@ -71,7 +72,7 @@ for k in $sets; do
     i=$((i + 1))
     case $k in
         simple) ini= ;;
-        fast) ini='[kernels.cuda]\nmatvec = fast\nattention = tiled' ;;
+        fast) ini='[kernels.cuda]\nmatvec = fast\nattention = tiled\nattention_splits = auto' ;;
         *) echo "not ok $i - ops-vs-cpu $k: unknown kernel set (simple|fast)"
            i=$((i + 1))
            echo "not ok $i - models-ref $k: unknown kernel set"
@@ -119,7 +120,7 @@ for k in $sets; do
         continue
     fi
     printf '[kernels]\nbackend = cuda\n[cache]\nkv_memory = 256MiB\n' > "$mini"
-    [ "$k" = fast ] && printf '[kernels.cuda]\nmatvec = fast\nattention = tiled\n[scheduler]\ncuda_graph_max_bs = 64\n' >> "$mini"
+    [ "$k" = fast ] && printf '[kernels.cuda]\nmatvec = fast\nattention = tiled\nattention_splits = auto\n[scheduler]\ncuda_graph_max_bs = 64\n' >> "$mini"
     t0=$(date +%s)
     CUEMU_STATS=1 RX_PLUGIN_BUILD_DIR="$dir" RX_MODELS_REF_INI="$mini" timeout "$limit" "$models" \
         --filter="$filt" --jobs=1 > "$log" 2>&1

@@ -743,23 +743,19 @@ static __device__ __forceinline__ float s_kv (const void *base, int f16, size_t 
 
 #define S_ATTN_MAXV 8   /* output dims per thread: hd_v <= 8 * RX_CU_ATTN_THREADS */
 
-/* One block per (query row, head): tiles of RX_CU_ATTN_TILE positions,
- * scores by warps (lanes split the q.k dot), then an online-softmax update
- * of the running max/sum and of the V accumulators each thread owns
- * (flash-style: the score row is never materialised).  The same kernel
- * serves decode (1 row per sequence) and prefill; MLA in the absorbed form
- * is this with one KV head, hd_k = kv_lora + rope dims, hd_v = kv_lora. */
-static __global__ void k_attention (const float *q, size_t ldq, const void *kpool, const void *vpool,
-                                    int f16, int n_kv_head, int hd_k, int hd_v, uint64_t n_slots,
-                                    int n_seq, const int32_t *q_start, const int32_t *kv_start,
-                                    const int32_t *slots, const int32_t *q_pos, int n_head,
-                                    float scale, float softcap, int window, float *out, size_t ldo)
+/* The keys of one (query row, head): the row's sequence (the last s with
+ * q_start[s] <= t), its window start and its length, the slot list from
+ * the window start, and the KV head; q's head row goes into shared qs. */
+struct s_attn_row {
+    const int32_t *sl;
+    int len, kvh;
+};
+
+static __device__ __forceinline__ s_attn_row s_attn_row_setup (
+    const float *q, size_t ldq, int n_kv_head, int hd_k, int n_seq, const int32_t *q_start,
+    const int32_t *kv_start, const int32_t *slots, const int32_t *q_pos, int n_head, int window,
+    int t, int h, float *qs)
 {
-    extern __shared__ float sm[];
-    float *qs = sm, *sc = sm + hd_k;
-    const int t = blockIdx.x, h = blockIdx.y;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    /* The sequence of row t: the last s with q_start[s] <= t. */
     int lo = 0, hi = n_seq - 1;
     while (lo < hi) {
         const int mid = (lo + hi + 1) / 2;
@@ -767,18 +763,28 @@ static __global__ void k_attention (const float *q, size_t ldq, const void *kpoo
     }
     const int pos = q_pos[t];
     const int first = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
-    const int len = pos - first + 1;
-    const int32_t *sl = slots + kv_start[lo] + first;
-    const int kvh = h / (n_head / n_kv_head);
-    const size_t krow = (size_t) n_kv_head * hd_k, vrow = (size_t) n_kv_head * hd_v;
+    s_attn_row r;
+    r.len = pos - first + 1;
+    r.sl = slots + kv_start[lo] + first;
+    r.kvh = h / (n_head / n_kv_head);
     for (int i = threadIdx.x; i < hd_k; i += blockDim.x) qs[i] = q[(size_t) t * ldq + (size_t) h * hd_k + i];
-    float acc[S_ATTN_MAXV];
-#pragma unroll
-    for (int j = 0; j < S_ATTN_MAXV; j++) acc[j] = 0.f;
-    float m = -INFINITY, l = 0.f;
-    __syncthreads ();
-    for (int j0 = 0; j0 < len; j0 += RX_CU_ATTN_TILE) {
-        const int nt = len - j0 < RX_CU_ATTN_TILE ? len - j0 : RX_CU_ATTN_TILE;
+    return r;
+}
+
+/* Positions [j_begin, j_end) of a row's keys (sl) into the online-softmax
+ * state m, l, acc of the calling block: tiles of RX_CU_ATTN_TILE
+ * positions, scores by warps (lanes split the q.k dot) into the score tile
+ * sc, then the update of the running max/sum and of the V accumulators
+ * each thread owns (output dims threadIdx.x + j * blockDim.x).  Starts
+ * and ends with the block in step (q in qs must be visible). */
+static __device__ __forceinline__ void s_attn_keys (
+    const float *qs, float *sc, const void *kpool, const void *vpool, int f16, int hd_k, int hd_v,
+    uint64_t n_slots, const int32_t *sl, int kvh, size_t krow, size_t vrow, float scale,
+    float softcap, int j_begin, int j_end, float (&acc)[S_ATTN_MAXV], float &m, float &l)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int j0 = j_begin; j0 < j_end; j0 += RX_CU_ATTN_TILE) {
+        const int nt = j_end - j0 < RX_CU_ATTN_TILE ? j_end - j0 : RX_CU_ATTN_TILE;
         for (int jj = warp; jj < nt; jj += nw) {
             const int32_t s = sl[j0 + jj];
             float d = 0.f;
@@ -817,6 +823,32 @@ static __global__ void k_attention (const float *q, size_t ldq, const void *kpoo
         m = nm;
         __syncthreads ();
     }
+}
+
+/* One block per (query row, head): every key position of the row through
+ * s_attn_keys (flash-style: the score row is never materialised).  The
+ * same kernel serves decode (1 row per sequence) and prefill; MLA in the
+ * absorbed form is this with one KV head, hd_k = kv_lora + rope dims,
+ * hd_v = kv_lora. */
+static __global__ void k_attention (const float *q, size_t ldq, const void *kpool, const void *vpool,
+                                    int f16, int n_kv_head, int hd_k, int hd_v, uint64_t n_slots,
+                                    int n_seq, const int32_t *q_start, const int32_t *kv_start,
+                                    const int32_t *slots, const int32_t *q_pos, int n_head,
+                                    float scale, float softcap, int window, float *out, size_t ldo)
+{
+    extern __shared__ float sm[];
+    float *qs = sm, *sc = sm + hd_k;
+    const int t = blockIdx.x, h = blockIdx.y;
+    const s_attn_row r = s_attn_row_setup (q, ldq, n_kv_head, hd_k, n_seq, q_start, kv_start, slots,
+                                           q_pos, n_head, window, t, h, qs);
+    const size_t krow = (size_t) n_kv_head * hd_k, vrow = (size_t) n_kv_head * hd_v;
+    float acc[S_ATTN_MAXV];
+#pragma unroll
+    for (int j = 0; j < S_ATTN_MAXV; j++) acc[j] = 0.f;
+    float m = -INFINITY, l = 0.f;
+    __syncthreads ();
+    s_attn_keys (qs, sc, kpool, vpool, f16, hd_k, hd_v, n_slots, r.sl, r.kvh, krow, vrow, scale,
+                 softcap, 0, r.len, acc, m, l);
     const float inv = l > 0.f ? 1.f / l : 0.f;
     float *o = out + (size_t) t * ldo + (size_t) h * hd_v;
 #pragma unroll
@@ -824,7 +856,77 @@ static __global__ void k_attention (const float *q, size_t ldq, const void *kpoo
         const int d = threadIdx.x + j * blockDim.x;
         if (d < hd_v) o[d] = acc[j] * inv;
     }
-    (void) lane;
+}
+
+/* Split-K ("flash-decoding", plan.h rx_cuplan_attn_splits): block (t, h,
+ * sp) of a grid rows x heads x n_split takes key positions [sp * chunk,
+ * min (len, (sp + 1) * chunk)) of row t, chunk = max (RX_CU_ATTN_TILE,
+ * ceil (len / n_split)), and writes its unnormalised state to
+ * part[t][h][sp] = { acc[hd_v], m, l } (a block past the end writes the
+ * empty state m = -inf, l = 0, acc = 0).  k_attn_merge combines them. */
+static __global__ void k_attn_split (const float *q, size_t ldq, const void *kpool, const void *vpool,
+                                     int f16, int n_kv_head, int hd_k, int hd_v, uint64_t n_slots,
+                                     int n_seq, const int32_t *q_start, const int32_t *kv_start,
+                                     const int32_t *slots, const int32_t *q_pos, int n_head,
+                                     float scale, float softcap, int window, int n_split,
+                                     float *part)
+{
+    extern __shared__ float sm[];
+    float *qs = sm, *sc = sm + hd_k;
+    const int t = blockIdx.x, h = blockIdx.y, sp = blockIdx.z;
+    const s_attn_row r = s_attn_row_setup (q, ldq, n_kv_head, hd_k, n_seq, q_start, kv_start, slots,
+                                           q_pos, n_head, window, t, h, qs);
+    const size_t krow = (size_t) n_kv_head * hd_k, vrow = (size_t) n_kv_head * hd_v;
+    int chunk = (r.len + n_split - 1) / n_split;
+    if (chunk < RX_CU_ATTN_TILE) chunk = RX_CU_ATTN_TILE;
+    const int64_t b64 = (int64_t) sp * chunk, e64 = b64 + chunk;
+    const int jb = b64 < r.len ? (int) b64 : r.len, je = e64 < r.len ? (int) e64 : r.len;
+    float acc[S_ATTN_MAXV];
+#pragma unroll
+    for (int j = 0; j < S_ATTN_MAXV; j++) acc[j] = 0.f;
+    float m = -INFINITY, l = 0.f;
+    __syncthreads ();
+    s_attn_keys (qs, sc, kpool, vpool, f16, hd_k, hd_v, n_slots, r.sl, r.kvh, krow, vrow, scale,
+                 softcap, jb, je, acc, m, l);
+    float *o = part + (((size_t) t * gridDim.y + h) * n_split + sp) * ((size_t) hd_v + 2);
+#pragma unroll
+    for (int j = 0; j < S_ATTN_MAXV; j++) {
+        const int d = threadIdx.x + j * blockDim.x;
+        if (d < hd_v) o[d] = acc[j];
+    }
+    if (threadIdx.x == 0) {
+        o[hd_v] = m;
+        o[hd_v + 1] = l;
+    }
+}
+
+/* One block per (query row, head): out = sum_i acc_i e^(m_i - M) /
+ * sum_i l_i e^(m_i - M), M = max_i m_i over the n_split partials with
+ * l_i > 0 (an empty split is skipped; no keys at all -> zeros, as
+ * k_attention writes). */
+static __global__ void k_attn_merge (const float *part, int n_split, int hd_v, float *out, size_t ldo)
+{
+    const int t = blockIdx.x, h = blockIdx.y;
+    const size_t ps = (size_t) hd_v + 2;
+    const float *p = part + ((size_t) t * gridDim.y + h) * n_split * ps;
+    float mx = -INFINITY;
+    for (int i = 0; i < n_split; i++)
+        if (p[i * ps + hd_v + 1] > 0.f) mx = fmaxf (mx, p[i * ps + hd_v]);
+    float lsum = 0.f;
+    for (int i = 0; i < n_split; i++) {
+        const float li = p[i * ps + hd_v + 1];
+        if (li > 0.f) lsum += li * expf (p[i * ps + hd_v] - mx);
+    }
+    const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+    float *o = out + (size_t) t * ldo + (size_t) h * hd_v;
+    for (int d = threadIdx.x; d < hd_v; d += blockDim.x) {
+        float a = 0.f;
+        for (int i = 0; i < n_split; i++) {
+            const float li = p[i * ps + hd_v + 1];
+            if (li > 0.f) a += p[i * ps + d] * expf (p[i * ps + hd_v] - mx);
+        }
+        o[d] = a * inv;
+    }
 }
 
 /* RX_CU_ATTN_KT rows of K or V into shared memory (dst, rows ld floats
@@ -989,7 +1091,8 @@ extern "C" int rx_cuk_attention (cudaStream_t st, const float *q, size_t ldq, co
                                  uint64_t n_slots, int n_seq, int n_tokens, const int32_t *q_start,
                                  const int32_t *kv_start, const int32_t *slots,
                                  const int32_t *q_pos, int n_head, float scale, float softcap,
-                                 int window, float *out, size_t ldo, int tiled)
+                                 int window, float *out, size_t ldo, int tiled, int splits,
+                                 float *part)
 {
     if (n_tokens == 0) return 0;
     if (n_head > 65535) return (int) cudaErrorInvalidValue;
@@ -1013,6 +1116,24 @@ extern "C" int rx_cuk_attention (cudaStream_t st, const float *q, size_t ldq, co
         cudaError_t ce = cudaFuncSetAttribute (k_attention, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                (int) smem);
         if (ce != cudaSuccess) return (int) ce;
+    }
+    if (splits > 1) {
+        if (!part || splits > 65535) return (int) cudaErrorInvalidValue;
+        if (smem > 48 * 1024) {
+            cudaError_t ce = cudaFuncSetAttribute (k_attn_split,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   (int) smem);
+            if (ce != cudaSuccess) return (int) ce;
+        }
+        dim3 sgrid ((unsigned) n_tokens, (unsigned) n_head, (unsigned) splits);
+        k_attn_split<<<sgrid, RX_CU_ATTN_THREADS, smem, st>>> (
+            q, ldq, kpool, vpool, f16, n_kv_head, hd_k, hd_v, n_slots, n_seq, q_start, kv_start,
+            slots, q_pos, n_head, scale, softcap, window, splits, part);
+        int rc = s_status ();
+        if (rc != 0) return rc;
+        dim3 mgrid ((unsigned) n_tokens, (unsigned) n_head);
+        k_attn_merge<<<mgrid, RX_CU_ATTN_THREADS, 0, st>>> (part, splits, hd_v, out, ldo);
+        return s_status ();
     }
     dim3 grid ((unsigned) n_tokens, (unsigned) n_head);
     k_attention<<<grid, RX_CU_ATTN_THREADS, smem, st>>> (q, ldq, kpool, vpool, f16, n_kv_head, hd_k,

@@ -73,7 +73,11 @@ int rx_cuk_argmax (cudaStream_t st, const float *x, size_t ldx, size_t rows, siz
 int rx_cuk_topk (cudaStream_t st, const float *x, size_t ldx, size_t rows, size_t dim, size_t k,
                  float *vals, int32_t *idx);
 /* attention: tiled = [kernels.cuda] attention = tiled; the launcher takes
- * the tiled kernel where plan.h rx_cuplan_attn_tiled allows. */
+ * the tiled kernel where plan.h rx_cuplan_attn_tiled allows.  Otherwise
+ * splits > 1 (plan.h rx_cuplan_attn_splits) runs the split-K kernels:
+ * part is device scratch of rx_cuplan_attn_split_bytes (n_tokens, n_head,
+ * splits, hd_v) bytes, written then read on st (one call at a time may
+ * use it); splits <= 1 runs the unsplit kernel and ignores part. */
 /* nk = n_kv_head * hd_k values per K row (nv for V); f16: pool is F16. */
 int rx_cuk_kv_store (cudaStream_t st, void *kpool, void *vpool, int f16, size_t nk, size_t nv,
                      uint64_t n_slots, const float *k, size_t ldk, const float *v, size_t ldv,
@@ -83,7 +87,7 @@ int rx_cuk_attention (cudaStream_t st, const float *q, size_t ldq, const void *k
                       uint64_t n_slots, int n_seq, int n_tokens, const int32_t *q_start,
                       const int32_t *kv_start, const int32_t *slots, const int32_t *q_pos,
                       int n_head, float scale, float softcap, int window, float *out, size_t ldo,
-                      int tiled);
+                      int tiled, int splits, float *part);
 
 /* ---- the MoE expert pass (radix/kernel.h moe_route, moe_sort,
  * gather_rows, matmul_grouped, moe_combine; plan.h for the sizes) ---- */

@@ -2,6 +2,10 @@
 #include "plan.h"
 #include "cu_math.h"
 
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
 uint32_t rx_cuplan_blocks (size_t n, uint32_t per_block, uint32_t max_blocks)
 {
     if (per_block == 0) per_block = 1;
@@ -36,6 +40,55 @@ size_t rx_cuplan_attn_tiled_smem (int hd_k, int hd_v)
     return ((size_t) RX_CU_ATTN_QT * (size_t) (hd_k + 1) + (size_t) RX_CU_ATTN_KT * (size_t) (hd_k + 1) +
             (size_t) RX_CU_ATTN_KT * (size_t) (hd_v + 1) + (size_t) RX_CU_ATTN_QT * (RX_CU_ATTN_KT + 1)) *
            sizeof (float);
+}
+
+int rx_cuplan_attn_splits_parse (const char *s, int *setting, struct rx_err *err)
+{
+    if (!setting) return rx_err_set (err, RX_EINVAL, "kernels-cuda attention_splits: NULL result");
+    if (s && (!strcmp (s, "0") || !strcmp (s, "off"))) {
+        *setting = 0;
+        return RX_OK;
+    }
+    if (s && !strcmp (s, "auto")) {
+        *setting = RX_CU_ATTN_SPLITS_AUTO;
+        return RX_OK;
+    }
+    char *end = NULL;
+    errno = 0;
+    long v = s && *s >= '0' && *s <= '9' ? strtol (s, &end, 10) : 0;
+    if (!s || !end || *end || v < 1)
+        return rx_err_set (err, RX_EINVAL, "kernels-cuda: [kernels.cuda] attention_splits = '%s' "
+                           "(0 or off, auto, or a number of splits 1..%d)", s ? s : "(null)",
+                           RX_CU_ATTN_SPLITS_MAX);
+    *setting = errno == ERANGE || v > RX_CU_ATTN_SPLITS_MAX ? RX_CU_ATTN_SPLITS_MAX : (int) v;
+    return RX_OK;
+}
+
+int rx_cuplan_attn_splits (int rows, int n_seq, int heads, int n_sm, int setting)
+{
+    if (setting == 0 || rows <= 0 || heads <= 0 || n_seq <= 0) return 1;
+    if ((int64_t) rows >= 4 * (int64_t) n_seq) return 1;   /* prefill-like */
+    if (setting == RX_CU_ATTN_SPLITS_AUTO) {
+        if (n_sm <= 0) return 1;
+        const int64_t blocks = (int64_t) rows * heads, want = 2 * (int64_t) n_sm;
+        int64_t sp = (want + blocks - 1) / blocks;
+        if (sp > RX_CU_ATTN_SPLITS_AUTO_MAX) sp = RX_CU_ATTN_SPLITS_AUTO_MAX;
+        return sp < 1 ? 1 : (int) sp;
+    }
+    if (setting < 1) return 1;
+    return setting > RX_CU_ATTN_SPLITS_MAX ? RX_CU_ATTN_SPLITS_MAX : setting;
+}
+
+size_t rx_cuplan_attn_split_bytes (int rows, int heads, int splits, int hd_v)
+{
+    if (rows <= 0 || heads <= 0 || splits <= 0 || hd_v <= 0) return 0;
+    const size_t per = ((size_t) hd_v + 2) * sizeof (float);
+    size_t n = (size_t) rows;
+    if (n > SIZE_MAX / (size_t) heads) return 0;
+    n *= (size_t) heads;
+    if (n > SIZE_MAX / (size_t) splits) return 0;
+    n *= (size_t) splits;
+    return n > SIZE_MAX / per ? 0 : n * per;
 }
 
 size_t rx_cuplan_mv_stage_bytes (int dtype)

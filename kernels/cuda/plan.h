@@ -132,6 +132,39 @@ int rx_cuplan_attn_tiled (int enabled, int hd_k, int hd_v, int n_tokens, int n_s
  * (rows padded by one float against bank conflicts) and the P tile. */
 size_t rx_cuplan_attn_tiled_smem (int hd_k, int hd_v);
 
+/* Split-K decode attention ("flash-decoding", [kernels.cuda]
+ * attention_splits): the simple kernel's keys of each (query row, head)
+ * are shared among S blocks that each write a partial online-softmax state
+ * (running max m, sum l, the unnormalised V accumulator), and a second
+ * kernel merges the S partials.  The setting: 0 = off, RX_CU_ATTN_SPLITS_AUTO,
+ * or a fixed count 1..RX_CU_ATTN_SPLITS_MAX. */
+#define RX_CU_ATTN_SPLITS_AUTO (-1)
+#define RX_CU_ATTN_SPLITS_MAX 64
+/* Most splits auto picks. */
+#define RX_CU_ATTN_SPLITS_AUTO_MAX 32
+
+/* Parses an attention_splits value: "0" or "off", "auto", or a decimal
+ * 1..RX_CU_ATTN_SPLITS_MAX (a larger number is clamped to the maximum).
+ * RX_EINVAL (one line naming the value) otherwise. */
+int rx_cuplan_attn_splits_parse (const char *s, int *setting, struct rx_err *err);
+
+/* The split count S of a call of the simple attention kernel over rows
+ * query rows of n_seq sequences and heads heads on a device of n_sm
+ * multiprocessors, from sizes only (the KV lengths live on the device, and
+ * a captured graph must stay valid as the context grows).  Only
+ * decode-like batches split: fewer than 4 rows per sequence on average
+ * (rx_cuplan_attn_tiled's bound; a prefill has rows enough to fill the
+ * device, and its partials would take rows x heads x S x (hd_v + 2)
+ * floats); any other batch -> 1.  setting 0 -> 1 (off); AUTO -> enough
+ * blocks to fill the device twice, ceil(2 n_sm / (rows heads)) clamped to
+ * 1..RX_CU_ATTN_SPLITS_AUTO_MAX (1 when n_sm is unknown, <= 0); N -> N
+ * clamped to 1..RX_CU_ATTN_SPLITS_MAX.  S = 1 runs the unsplit kernel. */
+int rx_cuplan_attn_splits (int rows, int n_seq, int heads, int n_sm, int setting);
+
+/* Bytes of the partials of a split call: [rows][heads][splits][hd_v + 2]
+ * floats (acc[hd_v], m, l); 0 on overflow or a zero size. */
+size_t rx_cuplan_attn_split_bytes (int rows, int heads, int splits, int hd_v);
+
 /* ---- the MoE expert pass (kernel ABI 1.2 moe_route, 1.3 moe_sort,
  * gather_rows, matmul_grouped, moe_combine) ---- */
 

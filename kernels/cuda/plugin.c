@@ -73,12 +73,16 @@ struct s_cuda {
     size_t mv_rows;                /* [kernels.cuda] matvec_max_rows */
     int fast_mv;                   /* [kernels.cuda] matvec = fast */
     int attn_tiled;                /* [kernels.cuda] attention = tiled */
+    int attn_splits;               /* [kernels.cuda] attention_splits: plan.h setting */
+    int n_sm;                      /* the device's multiprocessors (split count) */
     int half_gemm;                 /* [kernels.cuda] gemm_activations = half */
     struct rx_cuprof *prof;        /* [kernels.cuda] profile: NULL when off */
     struct s_pev *pev;             /* S_PROF_RING pairs, events created lazily */
     size_t n_pev;
     void *scratch;                 /* matmul GEMM scratch (pool memory) */
     size_t scratch_cap;
+    void *attn_part;               /* split attention partials (pool memory) */
+    size_t attn_part_cap;
     void **retired;                /* old scratch a captured graph may still use */
     size_t n_retired;
 };
@@ -100,6 +104,11 @@ static const struct rx_cfg_key s_keys[] = {
       "attention kernel: simple (a block per query row and head, verified on an H200) or tiled "
       "(query tiles share K/V tiles in shared memory; not yet run on a GPU, see docs/gpu.md)", 0, 0,
       "simple|tiled" },
+    { "attention_splits", RX_CFG_STRING, "0",
+      "split-K decode attention for the simple kernel's batches: 0 = off (one block per query "
+      "row and head, verified on an H200), auto (enough blocks to fill the GPU twice), or a fixed "
+      "count 1..64 of blocks sharing each row's keys (not yet run on a GPU, see docs/gpu.md)", 0, 0,
+      NULL },
     { "gemm_activations", RX_CFG_ENUM, "f32",
       "GEMM path (more than matvec_max_rows rows): f32 keeps kernels-cpu's numerics (F16/BF16 "
       "weights: activations split in 2-3 half parts, one GEMM each; quantized: F32 GEMM) or half "
@@ -317,6 +326,8 @@ static int s_create (const struct rx_host *host, const struct rx_kernels_params 
     int rc = RX_OK;
     c->fast_mv = !strcmp (s_cfg_str (host, "matvec", "simple"), "fast");
     c->attn_tiled = !strcmp (s_cfg_str (host, "attention", "simple"), "tiled");
+    const char *splits = s_cfg_str (host, "attention_splits", "0");
+    if ((rc = rx_cuplan_attn_splits_parse (splits, &c->attn_splits, err)) != RX_OK) goto fail;
     c->half_gemm = !strcmp (s_cfg_str (host, "gemm_activations", "f32"), "half");
     const char *penv = getenv ("RADIX_KCUDA_PROFILE");
     if (s_cfg_bool (host, "profile", 0) || (penv && *penv && strcmp (penv, "0"))) {
@@ -333,6 +344,7 @@ static int s_create (const struct rx_host *host, const struct rx_kernels_params 
     }
     snprintf (c->dev_name, sizeof c->dev_name, "%.80s (sm_%d%d)", prop.name, prop.major, prop.minor);
     c->mem_bytes = prop.totalGlobalMem;
+    c->n_sm = prop.multiProcessorCount;
     if ((ce = cudaStreamCreateWithFlags (&c->dflt.st, cudaStreamNonBlocking)) != cudaSuccess) {
         rc = s_cuerr (err, ce, "create", "cudaStreamCreateWithFlags");
         goto fail;
@@ -360,10 +372,14 @@ static int s_create (const struct rx_host *host, const struct rx_kernels_params 
         rc = s_blaserr (err, bs, "create", "cublasSetWorkspace/SetStream");
         goto fail;
     }
-    RX_HLOG (host, RX_LOG_INFO, "device %d: %s, %.1f GiB, matvec up to %zu rows (%s), "
-             "attention %s, gemm activations %s%s", device, c->dev_name,
-             (double) c->mem_bytes / (1u << 30), c->mv_rows,
-             c->fast_mv ? "fast" : "simple", c->attn_tiled ? "tiled" : "simple",
+    char split_txt[24];
+    if (c->attn_splits == RX_CU_ATTN_SPLITS_AUTO) snprintf (split_txt, sizeof split_txt, "auto");
+    else if (c->attn_splits == 0) snprintf (split_txt, sizeof split_txt, "off");
+    else snprintf (split_txt, sizeof split_txt, "%d", c->attn_splits);
+    RX_HLOG (host, RX_LOG_INFO, "device %d: %s, %.1f GiB, %d SMs, matvec up to %zu rows (%s), "
+             "attention %s (splits %s), gemm activations %s%s", device, c->dev_name,
+             (double) c->mem_bytes / (1u << 30), c->n_sm, c->mv_rows,
+             c->fast_mv ? "fast" : "simple", c->attn_tiled ? "tiled" : "simple", split_txt,
              c->half_gemm ? "half" : "f32",
              c->prof ? ", profiling every op" : "");
     *be = c;
@@ -776,31 +792,39 @@ static int s_rope (void *be, rx_kstream_t *s, float *x, size_t ldx, size_t n_tok
     return RX_OK;
 }
 
-/* Scratch for matmul (quantized activations, GEMM operands), grown on
- * demand.  Old scratch is retired, not freed: a graph captured earlier may
- * still point at it.  One scratch per backend: matmuls on the same stream
- * reuse it in order (as GEMMs always did). */
-static int s_scratch (struct s_cuda *c, size_t bytes, void **out, struct rx_err *err)
+/* Device scratch (*buf of *cap bytes), grown on demand.  Old scratch is
+ * retired, not freed: a graph captured earlier may still point at it (and
+ * freeing would drop every captured graph).  One scratch per use and
+ * backend: matmuls on the same stream reuse theirs in order (as GEMMs
+ * always did), split attention calls theirs. */
+static int s_grow (struct s_cuda *c, void **buf, size_t *bufcap, size_t bytes, const char *op,
+                   void **out, struct rx_err *err)
 {
-    if (bytes > c->scratch_cap) {
+    if (bytes > *bufcap) {
         size_t cap = bytes + bytes / 4;
         void *p = NULL;
         int rc = rx_cumem_alloc (c->mem, cap, 256, &p, err);
         if (rc != RX_OK) return rc;
-        if (c->scratch) {
+        if (*buf) {
             void **r = realloc (c->retired, (c->n_retired + 1) * sizeof *r);
             if (!r) {
                 rx_cumem_free (c->mem, p);
-                return rx_err_set (err, RX_ENOMEM, "kernels-cuda matmul: out of memory");
+                return rx_err_set (err, RX_ENOMEM, "kernels-cuda %s: out of memory", op);
             }
             c->retired = r;
-            c->retired[c->n_retired++] = c->scratch;
+            c->retired[c->n_retired++] = *buf;
         }
-        c->scratch = p;
-        c->scratch_cap = cap;
+        *buf = p;
+        *bufcap = cap;
     }
-    *out = c->scratch;
+    *out = *buf;
     return RX_OK;
+}
+
+/* Scratch for matmul (quantized activations, GEMM operands). */
+static int s_scratch (struct s_cuda *c, size_t bytes, void **out, struct rx_err *err)
+{
+    return s_grow (c, &c->scratch, &c->scratch_cap, bytes, "matmul", out, err);
 }
 
 static int s_matmul (void *be, rx_kstream_t *s, const rx_kweight_t *w, int expert, const float *x,
@@ -1240,13 +1264,29 @@ static int s_attention (void *be, rx_kstream_t *s, const float *q, size_t ldq,
     size_t od = (size_t) p->n_head * (size_t) pool->hd_v;
     S_VIEW (q, ldq, (size_t) b->n_tokens, qd, 0);
     S_VIEW (out, ldo, (size_t) b->n_tokens, od, 0);
-    if (rx_cuplan_attn_tiled (c->attn_tiled, pool->hd_k, pool->hd_v, b->n_tokens, b->n_seq))
+    int splits = 1;
+    void *part = NULL;
+    if (rx_cuplan_attn_tiled (c->attn_tiled, pool->hd_k, pool->hd_v, b->n_tokens, b->n_seq)) {
         s_prof_name (&ps_, "attention.tiled");
+    } else if ((splits = rx_cuplan_attn_splits (b->n_tokens, b->n_seq, p->n_head, c->n_sm,
+                                                c->attn_splits)) > 1) {
+        /* Split-K: the partials' scratch depends on the shapes only (not
+         * on the KV lengths), so a graph stays valid as the context grows.
+         * Grown as matmul's scratch is: a first capture of a larger shape
+         * may allocate (graph_begin captures in relaxed mode for that). */
+        const size_t pb = rx_cuplan_attn_split_bytes (b->n_tokens, p->n_head, splits, pool->hd_v);
+        S_NEED (pb > 0, "kernels-cuda attention: %d rows x %d heads x %d splits of partials "
+                "overflow", b->n_tokens, p->n_head, splits);
+        if ((rc = s_grow (c, &c->attn_part, &c->attn_part_cap, pb, s_op, &part, err)) != RX_OK)
+            return rc;
+        s_prof_name (&ps_, "attention.split");
+    }
     S_LAUNCH (rx_cuk_attention (st, q, b->n_tokens > 1 ? ldq : qd, pool->k, pool->v,
                                 pool->dtype == RX_F16, pool->n_kv_head, pool->hd_k, pool->hd_v,
                                 pool->n_slots, b->n_seq, b->n_tokens, b->q_start, b->kv_start,
                                 b->slots, b->q_pos, p->n_head, p->scale, p->softcap, p->window,
-                                out, b->n_tokens > 1 ? ldo : od, c->attn_tiled), s_op);
+                                out, b->n_tokens > 1 ? ldo : od, c->attn_tiled, splits,
+                                (float *) part), s_op);
     return RX_OK;
 }
 

@@ -3,7 +3,7 @@
  *
  * The plugin brackets each op with two CUDA events on the op's stream and
  * hands the measured milliseconds here under the op's name ("rms_norm",
- * "matmul.matvec.bf16", "attention.tiled" ...); at the end it prints the
+ * "matmul.matvec.bf16", "attention.tiled", "attention.split" ...); at the end it prints the
  * table, largest total first.  This part is plain C so the host unit test
  * checks it without a GPU.
  *

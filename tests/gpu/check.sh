@@ -35,7 +35,8 @@
 #                 for BF16, batched decode with device sampling candidates
 #                 (--sample 64) against copying whole rows to the host.
 # Steps 3, 4 and 6 run once per kernel set: "simple" (the defaults) and
-# "fast" ([kernels.cuda] matvec = fast, attention = tiled, and for the
+# "fast" ([kernels.cuda] matvec = fast, attention = tiled,
+# attention_splits = auto, and for the
 # models and the bench [scheduler] cuda_graph_max_bs = 64: decode steps
 # replayed as CUDA graphs; for the bench also gemm_activations = half,
 # which gives up the CPU-identical numerics the reference models need);
@@ -119,7 +120,9 @@ case ${KERNELS:-both} in
   fast) SETS=fast ;;
   *) SETS="simple fast" ;;
 esac
-FAST_KEYS='matvec = fast\nattention = tiled'   # \n: two characters, for printf
+# The fast set's [kernels.cuda] keys (attention_splits: split-K decode
+# attention for the batches the tiled kernel leaves to the simple one).
+FAST_KEYS='matvec = fast\nattention = tiled\nattention_splits = auto'   # \n: two characters, for printf
 # ini SET [USE] -> a file with the engine configuration of that kernel set
 # for USE: models (the default), bench (fast: half GEMMs too) or profile
 # (as bench without CUDA graphs: the profiler times ops one by one).  A

@@ -766,6 +766,84 @@ Test (cuplan, tiled_attention_choice_and_smem)
     cr_assert_leq (sm, 227u * 1024, "fits an sm_80/sm_90 block's opt-in shared memory");
 }
 
+Test (cuplan, attention_split_count)
+{
+    /* Off: the unsplit kernel whatever the shape. */
+    cr_assert_eq (rx_cuplan_attn_splits (1, 1, 32, 132, 0), 1);
+    /* auto: ceil (2 x 132 SMs / (rows x heads)), 1..32. */
+    cr_assert_eq (rx_cuplan_attn_splits (1, 1, 32, 132, RX_CU_ATTN_SPLITS_AUTO), 9, "264 / 32 = 8.25");
+    cr_assert_eq (rx_cuplan_attn_splits (4, 4, 32, 132, RX_CU_ATTN_SPLITS_AUTO), 3, "264 / 128");
+    cr_assert_eq (rx_cuplan_attn_splits (2, 2, 66, 132, RX_CU_ATTN_SPLITS_AUTO), 2, "exactly 2 x 132");
+    cr_assert_eq (rx_cuplan_attn_splits (1, 1, 8, 132, RX_CU_ATTN_SPLITS_AUTO), 32, "33 clamped to 32");
+    cr_assert_eq (rx_cuplan_attn_splits (1, 1, 1, 132, RX_CU_ATTN_SPLITS_AUTO), 32);
+    cr_assert_eq (rx_cuplan_attn_splits (9, 9, 32, 132, RX_CU_ATTN_SPLITS_AUTO), 1, "288 blocks fill it");
+    cr_assert_eq (rx_cuplan_attn_splits (512, 512, 64, 132, RX_CU_ATTN_SPLITS_AUTO), 1,
+                  "a large decode batch");
+    cr_assert_eq (rx_cuplan_attn_splits (3, 1, 32, 132, RX_CU_ATTN_SPLITS_AUTO), 3,
+                  "3 rows of one sequence are decode-like: 264 / 96");
+    cr_assert_eq (rx_cuplan_attn_splits (1, 1, 32, 0, RX_CU_ATTN_SPLITS_AUTO), 1, "unknown SM count");
+    cr_assert_eq (rx_cuplan_attn_splits (65535, 65535, 65535, 132, RX_CU_ATTN_SPLITS_AUTO), 1,
+                  "no int overflow");
+    /* A fixed count: exactly that, 1..64, for any decode-like shape. */
+    cr_assert_eq (rx_cuplan_attn_splits (1, 1, 32, 132, 3), 3);
+    cr_assert_eq (rx_cuplan_attn_splits (512, 512, 64, 132, 7), 7);
+    cr_assert_eq (rx_cuplan_attn_splits (8, 3, 8, 132, 3), 3, "two decodes and a 6-row chunk");
+    /* Prefill-like batches (4 or more rows per sequence) never split. */
+    cr_assert_eq (rx_cuplan_attn_splits (12, 3, 8, 132, 3), 1);
+    cr_assert_eq (rx_cuplan_attn_splits (4, 1, 32, 132, RX_CU_ATTN_SPLITS_AUTO), 1);
+    cr_assert_eq (rx_cuplan_attn_splits (512, 1, 64, 132, 7), 1);
+    cr_assert_eq (rx_cuplan_attn_splits (1, 0, 32, 132, 3), 1, "no sequences");
+    cr_assert_eq (rx_cuplan_attn_splits (1, 1, 32, 0, 7), 7, "the SM count does not matter");
+    cr_assert_eq (rx_cuplan_attn_splits (1, 1, 32, 132, 100), 64);
+    cr_assert_eq (rx_cuplan_attn_splits (1, 1, 32, 132, 1), 1);
+    cr_assert_eq (rx_cuplan_attn_splits (0, 0, 32, 132, 3), 1, "no rows");
+    cr_assert_eq (rx_cuplan_attn_splits (1, 1, 0, 132, RX_CU_ATTN_SPLITS_AUTO), 1, "no heads");
+    /* The partials: [rows][heads][splits][hd_v + 2] floats. */
+    cr_assert_eq (rx_cuplan_attn_split_bytes (1, 32, 9, 128), (size_t) 32 * 9 * 130 * 4);
+    cr_assert_eq (rx_cuplan_attn_split_bytes (3, 16, 3, 512), (size_t) 3 * 16 * 3 * 514 * 4,
+                  "MLA's absorbed hd_v");
+    cr_assert_eq (rx_cuplan_attn_split_bytes (0, 32, 9, 128), 0);
+    cr_assert_eq (rx_cuplan_attn_split_bytes (1, 32, 0, 128), 0);
+    if (sizeof (size_t) == 8)
+        cr_assert_eq (rx_cuplan_attn_split_bytes (INT32_MAX, INT32_MAX, 64, INT32_MAX), 0,
+                      "overflow");
+}
+
+Test (cuplan, attention_splits_setting)
+{
+    struct rx_err err = { 0 };
+    int v = 99;
+    cr_assert_eq (rx_cuplan_attn_splits_parse ("0", &v, &err), RX_OK);
+    cr_assert_eq (v, 0);
+    v = 99;
+    cr_assert_eq (rx_cuplan_attn_splits_parse ("off", &v, &err), RX_OK);
+    cr_assert_eq (v, 0);
+    cr_assert_eq (rx_cuplan_attn_splits_parse ("auto", &v, &err), RX_OK);
+    cr_assert_eq (v, RX_CU_ATTN_SPLITS_AUTO);
+    cr_assert_eq (rx_cuplan_attn_splits_parse ("7", &v, &err), RX_OK);
+    cr_assert_eq (v, 7);
+    cr_assert_eq (rx_cuplan_attn_splits_parse ("64", &v, &err), RX_OK);
+    cr_assert_eq (v, 64);
+    cr_assert_eq (rx_cuplan_attn_splits_parse ("1000", &v, &err), RX_OK);
+    cr_assert_eq (v, 64, "clamped to the maximum");
+    cr_assert_eq (rx_cuplan_attn_splits_parse ("99999999999999999999999", &v, &err), RX_OK);
+    cr_assert_eq (v, 64, "out of long's range: clamped too");
+    const char *bad[] = { "", "-1", "-0", "+3", " 3", "3x", "0x10", "AUTO", "on", "00", "2.5" };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        v = 42;
+        memset (&err, 0, sizeof err);
+        cr_assert_eq (rx_cuplan_attn_splits_parse (bad[i], &v, &err), RX_EINVAL, "'%s'", bad[i]);
+        cr_assert_eq (v, 42, "'%s' leaves the setting alone", bad[i]);
+        char want[64];
+        snprintf (want, sizeof want, "attention_splits = '%s' (0 or off, auto, or a number", bad[i]);
+        cr_assert (strstr (err.msg, want), "%s", err.msg);
+        cr_assert_null (strchr (err.msg, '\n'), "one line: %s", err.msg);
+    }
+    cr_assert_eq (rx_cuplan_attn_splits_parse (NULL, &v, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "'(null)'"), "%s", err.msg);
+    cr_assert_eq (rx_cuplan_attn_splits_parse ("3", NULL, &err), RX_EINVAL);
+}
+
 Test (cuprof, table_sorted_and_totals)
 {
     struct rx_cuprof *p = calloc (1, sizeof *p);
@@ -963,7 +1041,8 @@ Test (kcuda, loads_through_the_loader, .timeout = 300)
     cr_assert_str_eq (d->name, "cuda", "[kernels] backend = cuda picks it");
     cr_assert_eq (d->kind, RX_KIND_KERNELS);
     cr_assert_eq (d->abi_major, RX_ABI_MAJOR);
-    const char *want[] = { "matvec_max_rows", "graphs", "chunk_mb", "matvec", "attention", "profile" };
+    const char *want[] = { "matvec_max_rows", "graphs", "chunk_mb", "matvec", "attention",
+                           "attention_splits", "profile" };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         int found = 0;
         for (const struct rx_cfg_key *k = d->keys; k && k->name; k++) found |= strcmp (k->name, want[i]) == 0;
