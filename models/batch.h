@@ -8,7 +8,8 @@
  * output rows; DP attention) is accepted.
  *
  * struct rx_model_stage: the batch's index arrays, staged in one host block
- * and uploaded to the device in one copy per step:
+ * and uploaded to the device in one copy per step (rx_model_stage_upload_padded:
+ * with pad rows appended, for DP attention's graphs):
  *   tokens[T] pos[T] new_slots[T] q_start[T+1] kv_start[T+1] kv_slots[cap]
  * (T = max_tokens of reserve; new_slots[t] = the KV slot token t writes).
  * rx_model_stage_alloc sizes it for cap KV-slot entries (freeing an older
@@ -100,7 +101,8 @@ struct rx_model_stage {
     size_t cap_slots;       /* kv_slots entries it holds */
 };
 
-/* Device views of an uploaded batch. */
+/* The arrays of an uploaded batch (device; rx_model_stage_arrays also
+ * views the host block). */
 struct rx_model_batch_dev {
     const int32_t *tokens, *pos, *new_slots, *q_start, *kv_start, *kv_slots;
 };
@@ -133,13 +135,29 @@ static inline int rx_model_stage_alloc (struct rx_model_stage *st, const struct 
     return RX_OK;
 }
 
-static inline int rx_model_stage_upload (struct rx_model_stage *st, const struct rx_host *host,
-                                         const struct rx_kctx *k, int32_t T,
-                                         const struct rx_model_batch *b, const char *who,
-                                         struct rx_model_batch_dev *d, struct rx_err *err)
+/* The arrays of a staging block at base (host or device copy). */
+static inline void rx_model_stage_arrays (const int32_t *base, int32_t T, struct rx_model_batch_dev *d)
 {
-    const int32_t n = b->n_tokens;
-    const size_t total = (size_t) b->kv_start[b->n_seq];
+    d->tokens = base;
+    d->pos = d->tokens + T;
+    d->new_slots = d->pos + T;
+    d->q_start = d->new_slots + T;
+    d->kv_start = d->q_start + T + 1;
+    d->kv_slots = d->kv_start + T + 1;
+}
+
+/* The upload with the batch padded to M rows (M >= b->n_tokens; b may be
+ * idle): after b's rows, M - n one-row sequences of token 0 at position 0
+ * whose one KV position is pad_slot (DP attention's graphs, models/graph.h
+ * rx_model_graphs_run_padded), written straight into the staging block. */
+static inline int rx_model_stage_upload_padded (struct rx_model_stage *st, const struct rx_host *host,
+                                                const struct rx_kctx *k, int32_t T,
+                                                const struct rx_model_batch *b, int32_t M, int32_t pad_slot,
+                                                const char *who, struct rx_model_batch_dev *d,
+                                                struct rx_err *err)
+{
+    const int32_t n = b->n_tokens, ns = n > 0 ? b->n_seq : 0;
+    const size_t total = (n > 0 ? (size_t) b->kv_start[ns] : 0) + (size_t) (M - n);
     if (total > st->cap_slots) {
         size_t cap = st->cap_slots * 2 > total ? st->cap_slots * 2 : total;
         int rc = rx_model_stage_alloc (st, host, k, T, cap, who, err);
@@ -147,24 +165,38 @@ static inline int rx_model_stage_upload (struct rx_model_stage *st, const struct
     }
     int32_t *h_tok = st->host, *h_pos = h_tok + T, *h_new = h_pos + T, *h_qs = h_new + T,
             *h_ks = h_qs + T + 1, *h_slots = h_ks + T + 1;
-    memcpy (h_tok, b->tokens, (size_t) n * sizeof *h_tok);
-    memcpy (h_pos, b->pos, (size_t) n * sizeof *h_pos);
-    memcpy (h_qs, b->q_start, ((size_t) b->n_seq + 1) * sizeof *h_qs);
-    memcpy (h_ks, b->kv_start, ((size_t) b->n_seq + 1) * sizeof *h_ks);
-    memcpy (h_slots, b->kv_slots, total * sizeof *h_slots);
-    for (int32_t s = 0; s < b->n_seq; s++)
-        for (int32_t t = b->q_start[s]; t < b->q_start[s + 1]; t++)
-            h_new[t] = b->kv_slots[b->kv_start[s] + b->pos[t]];
+    h_qs[0] = h_ks[0] = 0;
+    if (n > 0) {
+        memcpy (h_tok, b->tokens, (size_t) n * sizeof *h_tok);
+        memcpy (h_pos, b->pos, (size_t) n * sizeof *h_pos);
+        memcpy (h_qs, b->q_start, ((size_t) ns + 1) * sizeof *h_qs);
+        memcpy (h_ks, b->kv_start, ((size_t) ns + 1) * sizeof *h_ks);
+        memcpy (h_slots, b->kv_slots, (size_t) b->kv_start[ns] * sizeof *h_slots);
+        for (int32_t s = 0; s < ns; s++)
+            for (int32_t t = b->q_start[s]; t < b->q_start[s + 1]; t++)
+                h_new[t] = b->kv_slots[b->kv_start[s] + b->pos[t]];
+    }
+    for (int32_t t = n, s = ns; t < M; t++, s++) {
+        h_tok[t] = 0;
+        h_pos[t] = 0;
+        h_new[t] = pad_slot;
+        h_qs[s + 1] = t + 1;
+        h_slots[h_ks[s]] = pad_slot;
+        h_ks[s + 1] = h_ks[s] + 1;
+    }
     size_t bytes = (size_t) ((h_slots + total) - h_tok) * sizeof (int32_t);
     int rc = k->ops->copy_h2d (k->be, k->stream, st->dev, st->host, bytes, err);
     if (rc != RX_OK) return rc;
-    d->tokens = st->dev;
-    d->pos = d->tokens + T;
-    d->new_slots = d->pos + T;
-    d->q_start = d->new_slots + T;
-    d->kv_start = d->q_start + T + 1;
-    d->kv_slots = d->kv_start + T + 1;
+    rx_model_stage_arrays (st->dev, T, d);
     return RX_OK;
+}
+
+static inline int rx_model_stage_upload (struct rx_model_stage *st, const struct rx_host *host,
+                                         const struct rx_kctx *k, int32_t T,
+                                         const struct rx_model_batch *b, const char *who,
+                                         struct rx_model_batch_dev *d, struct rx_err *err)
+{
+    return rx_model_stage_upload_padded (st, host, k, T, b, b->n_tokens, 0, who, d, err);
 }
 
 static inline int rx_model_logits (const struct rx_kctx *k, const struct rx_model_batch *b, const float *x,

@@ -26,8 +26,8 @@
  * whose collectives a capture records (radix/comm.h graph_capturable),
  * tensor-parallel ranks replay the same graph, collectives inside; under
  * DP attention every rank replays the graph of the group's largest batch
- * M with its own batch padded to M (rx_model_pad_batch,
- * rx_model_graphs_run_padded), decided per step by models/dp_ffn.h
+ * M with its own batch padded to M (rx_model_stage_upload_padded,
+ * rx_model_pad_batch, rx_model_graphs_run_padded), decided per step by models/dp_ffn.h
  * rx_dp_counts_graph with rx_model_graphs_dp_step as this rank's vote.
  *
  * Graph keys: a model's 40-bit tag << 24 | n.
@@ -157,61 +157,46 @@ static inline int rx_model_graphs_run (struct rx_model_graphs *g, const struct r
  * the real rows out after the replay.  The padded rows run through
  * attention and the FFN like real ones; rows do not mix, so the real
  * rows' numbers are those of an unpadded step up to the kernels' choice
- * of path by row count.  *out points into p's host block (valid until the
- * next call).  b must be a decode-shape batch (rx_model_graphs_shape) or
- * idle (n_tokens 0). */
+ * of path by row count.  b must be a decode-shape batch
+ * (rx_model_graphs_shape) or idle (n_tokens 0).
+ *
+ * The padded index arrays are written once, straight into the staging
+ * block (models/batch.h rx_model_stage_upload_padded); rx_model_pad_batch
+ * then describes that block as the padded batch *out (its arrays valid
+ * until the next upload), with p's out_rows 0 .. M-1. */
 struct rx_model_pad {
-    int32_t *h;       /* host block: tokens pos q_start kv_start out_rows kv_slots */
-    size_t cap;       /* its int32 elements */
+    int32_t *rows;    /* host [cap]: 0, 1, .. (the padded batch's out_rows) */
+    size_t cap;
 };
 
 static inline int rx_model_pad_batch (struct rx_model_pad *p, const struct rx_host *host,
-                                      const struct rx_model_batch *b, int32_t M, int32_t pad_slot,
-                                      float *logits, struct rx_model_batch *out, const char *who,
-                                      struct rx_err *err)
+                                      const struct rx_model_stage *st, int32_t T,
+                                      const struct rx_model_batch *b, int32_t M, float *logits,
+                                      struct rx_model_batch *out, const char *who, struct rx_err *err)
 {
-    const int32_t n = b->n_tokens;
-    const size_t kv_real = n > 0 ? (size_t) b->kv_start[b->n_seq] : 0;
-    const size_t need = 5 * (size_t) M + 2 + kv_real + (size_t) (M - n);
-    if (need > p->cap) {
-        size_t cap = need > 2 * p->cap ? need : 2 * p->cap;
-        int32_t *h = host->alloc (host, cap * sizeof *h, 64);
-        if (!h) return rx_err_set (err, RX_ENOMEM, "%s: out of memory (padded batch)", who);
-        if (p->h) host->free_ (host, p->h);
-        p->h = h;
+    if ((size_t) M > p->cap) {
+        size_t cap = (size_t) M > 2 * p->cap ? (size_t) M : 2 * p->cap;
+        int32_t *r = host->alloc (host, cap * sizeof *r, 64);
+        if (!r) return rx_err_set (err, RX_ENOMEM, "%s: out of memory (padded batch)", who);
+        for (size_t i = 0; i < cap; i++) r[i] = (int32_t) i;
+        if (p->rows) host->free_ (host, p->rows);
+        p->rows = r;
         p->cap = cap;
     }
-    int32_t *tok = p->h, *pos = tok + M, *qs = pos + M, *ks = qs + M + 1, *rows = ks + M + 1,
-            *slots = rows + M;
-    if (n > 0) {
-        memcpy (tok, b->tokens, (size_t) n * sizeof *tok);
-        memcpy (pos, b->pos, (size_t) n * sizeof *pos);
-        memcpy (qs, b->q_start, ((size_t) n + 1) * sizeof *qs);
-        memcpy (ks, b->kv_start, ((size_t) n + 1) * sizeof *ks);
-        memcpy (slots, b->kv_slots, kv_real * sizeof *slots);
-    } else {
-        qs[0] = ks[0] = 0;
-    }
-    for (int32_t t = n; t < M; t++) {
-        tok[t] = 0;
-        pos[t] = 0;
-        qs[t + 1] = t + 1;
-        ks[t + 1] = ks[t] + 1;
-        slots[ks[t]] = pad_slot;
-    }
-    for (int32_t t = 0; t < M; t++) rows[t] = t;
+    struct rx_model_batch_dev h;
+    rx_model_stage_arrays (st->host, T, &h);
     *out = (struct rx_model_batch) {
-        .struct_size = sizeof *out, .n_tokens = M, .tokens = tok, .pos = pos, .n_seq = M,
-        .q_start = qs, .kv_start = ks, .kv_slots = slots, .n_out = M, .out_rows = rows,
-        .logits = logits,
+        .struct_size = sizeof *out, .n_tokens = M, .tokens = h.tokens, .pos = h.pos,
+        .n_seq = (b->n_tokens > 0 ? b->n_seq : 0) + M - b->n_tokens, .q_start = h.q_start,
+        .kv_start = h.kv_start, .kv_slots = h.kv_slots, .n_out = M, .out_rows = p->rows, .logits = logits,
     };
     return RX_OK;
 }
 
 static inline void rx_model_pad_free (struct rx_model_pad *p, const struct rx_host *host)
 {
-    if (p->h) host->free_ (host, p->h);
-    p->h = NULL;
+    if (p->rows) host->free_ (host, p->rows);
+    p->rows = NULL;
     p->cap = 0;
 }
 
@@ -284,16 +269,19 @@ struct rx_model_padded {
 
 /* A DP-attention decode step that every rank replays as graph M (the
  * group's largest batch; rx_dp_counts_graph said every rank may): b padded
- * to M rows (rx_model_pad_batch), staged, replayed (captured the first
- * time), the real rows' logits copied into b->logits, the comm checked. */
+ * to M rows as it is staged (rx_model_stage_upload_padded,
+ * rx_model_pad_batch), replayed (captured the first time), the real rows'
+ * logits copied into b->logits, the comm checked. */
 static inline int rx_model_graphs_run_padded (struct rx_model_graphs *g, const struct rx_kctx *k, void *model,
                                               rx_model_step_fn step, const struct rx_model_padded *p,
                                               const struct rx_model_batch *b, int32_t M, struct rx_err *err)
 {
     struct rx_model_batch pb;
     struct rx_model_batch_dev dv;
-    int rc = rx_model_pad_batch (p->pad, g->host, b, M, p->pad_slot, p->logits, &pb, p->who, err);
-    if (rc == RX_OK) rc = rx_model_stage_upload (p->stage, g->host, k, p->max_tokens, &pb, p->who, &dv, err);
+    int rc = rx_model_stage_upload_padded (p->stage, g->host, k, p->max_tokens, b, M, p->pad_slot, p->who, &dv,
+                                           err);
+    if (rc == RX_OK)
+        rc = rx_model_pad_batch (p->pad, g->host, p->stage, p->max_tokens, b, M, p->logits, &pb, p->who, err);
     if (rc == RX_OK && p->before) rc = p->before (model, &pb, &dv, err);
     if (rc == RX_OK) rc = p->eager ? step (model, &pb, &dv, err) : rx_model_graphs_run (g, k, model, step, &pb, &dv, err);
     if (rc == RX_OK && b->n_out > 0)

@@ -221,14 +221,39 @@ Test (model_graph, capture_once_then_replay_recapture_on_new_buffers)
     rx_model_graphs_free (&g, &H);
 }
 
+/* Host memory as the mock's "device" (the staging block's upload). */
+static int m_dalloc (void *be, size_t bytes, size_t align, void **d, struct rx_err *err)
+{
+    (void) be; (void) align; (void) err;
+    *d = malloc (bytes);
+    return *d ? RX_OK : RX_ENOMEM;
+}
+static void m_dfree (void *be, void *d) { (void) be; free (d); }
+static int m_h2d (void *be, rx_kstream_t *s, void *dst, const void *src, size_t bytes, struct rx_err *err)
+{
+    (void) be; (void) s; (void) err;
+    memcpy (dst, src, bytes);
+    return RX_OK;
+}
+static int m_sync (void *be, rx_kstream_t *s, struct rx_err *err) { (void) be; (void) s; (void) err; return RX_OK; }
+
 /* A decode batch of 2 sequences (KV lengths 3 and 1) padded to 4 rows, and
- * an idle batch padded to 3: the real rows as they were, then one-row
- * sequences of token 0 at position 0 on the pad slot; every row's logits
- * into the scratch given. */
+ * an idle batch padded to 3, as staged (rx_model_stage_upload_padded: the
+ * pad rows written once, straight into the staging block) and described
+ * (rx_model_pad_batch): the real rows as they were, then one-row sequences
+ * of token 0 at position 0 on the pad slot; every row's logits into the
+ * scratch given; the uploaded copy equal to the host block. */
 Test (model_graph, dp_padding)
 {
+    K.alloc = m_dalloc;
+    K.free_ = m_dfree;
+    K.copy_h2d = m_h2d;
+    K.synchronize = m_sync;
+    const int32_t T = 64;
+    struct rx_model_stage st = { 0 };
     struct rx_model_pad pad = { 0 };
     struct rx_err err = { 0 };
+    cr_assert_eq (rx_model_stage_alloc (&st, &H, &KC, T, 8, "model-test", &err), RX_OK, "%s", err.msg);
     float scratch[1];
     const int32_t tok[2] = { 11, 22 }, pos[2] = { 2, 0 }, qs[3] = { 0, 1, 2 }, ks[3] = { 0, 3, 4 },
                   slots[4] = { 7, 8, 9, 5 }, rows[2] = { 0, 1 };
@@ -237,33 +262,56 @@ Test (model_graph, dp_padding)
                                 .q_start = qs, .kv_start = ks, .kv_slots = slots, .n_out = 2, .out_rows = rows,
                                 .logits = lg };
     struct rx_model_batch pb = { 0 };
-    cr_assert_eq (rx_model_pad_batch (&pad, &H, &b, 4, 100, scratch, &pb, "model-test", &err), RX_OK, "%s", err.msg);
+    struct rx_model_batch_dev dv;
+    cr_assert_eq (rx_model_stage_upload_padded (&st, &H, &KC, T, &b, 4, 100, "model-test", &dv, &err), RX_OK, "%s",
+                  err.msg);
+    cr_assert_eq (rx_model_pad_batch (&pad, &H, &st, T, &b, 4, scratch, &pb, "model-test", &err), RX_OK, "%s",
+                  err.msg);
     cr_assert_eq (pb.n_tokens, 4);
     cr_assert_eq (pb.n_seq, 4);
     cr_assert_eq (pb.n_out, 4);
     cr_assert_eq (pb.logits, scratch);
     const int32_t w_tok[4] = { 11, 22, 0, 0 }, w_pos[4] = { 2, 0, 0, 0 }, w_qs[5] = { 0, 1, 2, 3, 4 },
-                  w_ks[5] = { 0, 3, 4, 5, 6 }, w_slots[6] = { 7, 8, 9, 5, 100, 100 }, w_rows[4] = { 0, 1, 2, 3 };
+                  w_ks[5] = { 0, 3, 4, 5, 6 }, w_slots[6] = { 7, 8, 9, 5, 100, 100 }, w_rows[4] = { 0, 1, 2, 3 },
+                  w_new[4] = { 9, 5, 100, 100 };
     cr_assert_arr_eq (pb.tokens, w_tok, sizeof w_tok);
     cr_assert_arr_eq (pb.pos, w_pos, sizeof w_pos);
     cr_assert_arr_eq (pb.q_start, w_qs, sizeof w_qs);
     cr_assert_arr_eq (pb.kv_start, w_ks, sizeof w_ks);
     cr_assert_arr_eq (pb.kv_slots, w_slots, sizeof w_slots);
     cr_assert_arr_eq (pb.out_rows, w_rows, sizeof w_rows);
-    /* Idle: every row padding; the block is reused (and grown when needed). */
+    /* the upload: the same arrays, and each row's new slot */
+    cr_assert_arr_eq (dv.tokens, w_tok, sizeof w_tok);
+    cr_assert_arr_eq (dv.q_start, w_qs, sizeof w_qs);
+    cr_assert_arr_eq (dv.kv_slots, w_slots, sizeof w_slots);
+    cr_assert_arr_eq (dv.new_slots, w_new, sizeof w_new);
+    /* Idle: every row padding; the blocks are reused (and grown when needed). */
     struct rx_model_batch idle = { .struct_size = sizeof idle };
-    cr_assert_eq (rx_model_pad_batch (&pad, &H, &idle, 3, 100, scratch, &pb, "model-test", &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (rx_model_stage_upload_padded (&st, &H, &KC, T, &idle, 3, 100, "model-test", &dv, &err), RX_OK,
+                  "%s", err.msg);
+    cr_assert_eq (rx_model_pad_batch (&pad, &H, &st, T, &idle, 3, scratch, &pb, "model-test", &err), RX_OK, "%s",
+                  err.msg);
     const int32_t i_qs[4] = { 0, 1, 2, 3 }, i_slots[3] = { 100, 100, 100 }, i_tok[3] = { 0, 0, 0 };
     cr_assert_eq (pb.n_tokens, 3);
+    cr_assert_eq (pb.n_seq, 3);
     cr_assert_arr_eq (pb.q_start, i_qs, sizeof i_qs);
     cr_assert_arr_eq (pb.kv_start, i_qs, sizeof i_qs);
     cr_assert_arr_eq (pb.kv_slots, i_slots, sizeof i_slots);
     cr_assert_arr_eq (pb.tokens, i_tok, sizeof i_tok);
-    cr_assert_eq (rx_model_pad_batch (&pad, &H, &b, 64, 100, scratch, &pb, "model-test", &err), RX_OK, "%s", err.msg);
+    cr_assert_arr_eq (dv.new_slots, i_slots, sizeof i_slots);
+    /* 64 rows: the staging block (8 KV entries at first) grows */
+    cr_assert_eq (rx_model_stage_upload_padded (&st, &H, &KC, T, &b, 64, 100, "model-test", &dv, &err), RX_OK,
+                  "%s", err.msg);
+    cr_assert_eq (rx_model_pad_batch (&pad, &H, &st, T, &b, 64, scratch, &pb, "model-test", &err), RX_OK, "%s",
+                  err.msg);
+    cr_assert_geq (st.cap_slots, 4 + 62);
     cr_assert_eq (pb.kv_start[64], 4 + 62);
     cr_assert_eq (pb.kv_slots[65], 100);
+    cr_assert_eq (pb.out_rows[63], 63);
+    cr_assert_eq (dv.kv_slots[65], 100);
     rx_model_pad_free (&pad, &H);
-    cr_assert_null (pad.h);
+    cr_assert_null (pad.rows);
+    rx_model_stage_free (&st, &H, &KC);
 }
 
 /* The comm side of multi-rank graphs: a comm that cannot capture keeps
