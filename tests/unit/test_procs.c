@@ -13,6 +13,7 @@
  * heads of dim 16, f32 KV (512 bytes of KV per token), context 512,
  * vocabulary 32000 (Llama-2 SPM: BOS 1, EOS 2). */
 #include <criterion/criterion.h>
+#include <inttypes.h>
 #include <jansson.h>
 #include <signal.h>
 #include <stdint.h>
@@ -115,7 +116,7 @@ static pid_t s_fork (struct fx *f, int which)
         int st;
         if (which == 0) {
             rx_log_set_role ("sched", NULL);
-            struct rx_sched_proc_opts o = { f->run_dir, 200 };
+            struct rx_sched_proc_opts o = { .run_dir = f->run_dir, .stats_interval_ms = 200 };
             st = rx_sched_proc_main (&f->boot, &o);
         } else {
             rx_log_set_role ("detok", NULL);
@@ -910,12 +911,18 @@ Test (procs, drain_deadline_and_now_abort)
     s_wait_finished (&f, c, 40, 4);
     s_wait_finished (&f, c, 41, 1);
     cr_assert_geq (s_ms () - t0, 100);
+    /* the messages say what came instead (this once failed in a loaded
+     * parallel make check and did not come back in 25 runs beside 3 CPU
+     * hogs): the scheduler's log is kept in f.dir */
     for (uint32_t i = 0; i < 4; i++) {
-        cr_assert_eq (s_get (c, 40, i)->finish, RX_FINISH_ABORT);
-        cr_assert_lt (s_get (c, 40, i)->usage.completion_tokens, 500);
+        const struct res *r = s_get (c, 40, i);
+        cr_assert_eq (r->finish, RX_FINISH_ABORT, "sibling %u: finish %d after %u tokens, %" PRIu64 " ms after DRAIN\n%s",
+                      i, (int) r->finish, (unsigned) r->usage.completion_tokens, s_ms () - t0, s_log_text (&f));
+        cr_assert_lt (r->usage.completion_tokens, 500);
     }
-    cr_assert_eq (s_get (c, 41, 0)->finish, RX_FINISH_ABORT);
-    cr_assert_eq (s_get (c, 41, 0)->usage.completion_tokens, 0);
+    cr_assert_eq (s_get (c, 41, 0)->finish, RX_FINISH_ABORT, "finish %d", (int) s_get (c, 41, 0)->finish);
+    cr_assert_eq (s_get (c, 41, 0)->usage.completion_tokens, 0, "%u tokens",
+                  (unsigned) s_get (c, 41, 0)->usage.completion_tokens);
     s_both_exit_0 (&f);
     s_teardown (&f);
 
