@@ -4,10 +4,10 @@
  *
  *   radix bench --model F.gguf [--threads T] [--config FILE]
  *               [--pp LIST] [--tg N] [--batch LIST] [--reps N] [--bw-mib N] [--json]
- *               [--greedy] [--sample K]
+ *               [--greedy] [--sample K] [--depth LIST]
  *
  * Tests (each from an empty KV cache, with pseudo-random token ids, as
- * llama-bench does):
+ * llama-bench does; see --depth):
  *   ppN   one sequence, N prompt tokens in steps of at most 512 tokens
  *         (llama-bench's default ubatch), logits of the last token only;
  *   tgN   one sequence, N decode steps of one token, logits copied to the
@@ -22,6 +22,13 @@
  * candidates of its output rows (softmax at temperature 1, the K most
  * likely tokens, copied back: rx_engine_step_sample), the device's share
  * of radixd's [scheduler] device_sampling; no host draw.
+ * --depth LIST (llama-bench's -d): every test runs once per depth D, its
+ * sequences first filled with D pseudo-random tokens (untimed, in steps
+ * of at most 512 tokens; the test's name gains "@dD").  The fill is done
+ * once per test: each run cuts the sequences back to D tokens
+ * (rx_engine_seq_truncate) and writes its tokens after them, so a run
+ * measures the same work as a fresh fill would give.  Long-context
+ * decode, where attention reads D tokens of KV per row per layer.
  * Each test runs once untimed (warm-up: page faults, thread wake-up), then
  * --reps times; the table shows the median with min and max, in tok/s.
  *
@@ -125,10 +132,11 @@ static double s_read_bw (size_t bytes, int threads, int tries)
 /* --------------------------------------------------------------- tests -- */
 
 struct s_result {
-    char   name[32];
+    char   name[48];
     int    kind;        /* 0 pp, 1 tg, 2 batched */
     int    n;           /* tokens (pp) or steps (tg) */
     int    batch;
+    int    depth;       /* tokens already in each sequence (--depth) */
     int    reps;
     double tps[64];     /* tok/s of each timed rep */
     double med, min, max;
@@ -180,65 +188,76 @@ static int s_step_ids (struct s_ctx *c, const struct rx_engine_req *req, int32_t
                           : rx_engine_step_ids (c->e, req, n, c->ids, err);
 }
 
-/* One run of pp n: seconds, or < 0 with err set. */
-static double s_run_pp (struct s_ctx *c, int n, struct rx_err *err)
+/* Appends n pseudo-random tokens to seq in steps of at most S_UBATCH
+ * tokens; the last step's output (one row) goes to the host as logits, or
+ * as the device argmax (--greedy) when want_out, else nowhere. */
+static int s_fill (struct s_ctx *c, int seq, int n, int want_out, struct rx_err *err)
 {
-    int seq = rx_engine_seq_new (c->e, n, err);
-    if (seq < 0) return -1;
-    s_tokens (c->tok, n, c->V, &c->rng);
-    double t0 = rx_gen_now ();
     int rc = RX_OK;
     for (int off = 0; off < n && rc == RX_OK;) {
         int k = n - off < S_UBATCH ? n - off : S_UBATCH;
-        struct rx_engine_req r = { seq, k, c->tok + off, 0 };
-        if (off + k == n && c->ids) rc = s_step_ids (c, &r, 1, err);
-        else rc = rx_engine_step (c->e, &r, 1, off + k == n ? c->logits : NULL, err);
+        s_tokens (c->tok, k, c->V, &c->rng);
+        struct rx_engine_req r = { seq, k, c->tok, 0 };
+        int last = off + k == n;
+        if (last && want_out && c->ids) rc = s_step_ids (c, &r, 1, err);
+        else rc = rx_engine_step (c->e, &r, 1, last && want_out ? c->logits : NULL, err);
         off += k;
     }
+    return rc;
+}
+
+/* One run of pp n on seq (already holding its depth): seconds, or < 0
+ * with err set. */
+static double s_run_pp (struct s_ctx *c, int seq, int n, struct rx_err *err)
+{
+    double t0 = rx_gen_now ();
+    int rc = s_fill (c, seq, n, 1, err);
     double dt = rx_gen_now () - t0;
-    rx_engine_seq_free (c->e, seq);
     return rc == RX_OK ? dt : -1;
 }
 
 /* One run of `steps` decode steps over `batch` sequences: seconds. */
-static double s_run_tg (struct s_ctx *c, int steps, int batch, struct rx_err *err)
+static double s_run_tg (struct s_ctx *c, const int *seqs, int steps, int batch, struct rx_err *err)
 {
-    int seqs[S_MAX_LIST * 64];
-    struct rx_engine_req req[S_MAX_LIST * 64];
-    int ns = 0, rc = RX_OK;
-    for (; ns < batch; ns++) {
-        seqs[ns] = rx_engine_seq_new (c->e, steps, err);
-        if (seqs[ns] < 0) {
-            rc = seqs[ns];
-            break;
-        }
+    struct rx_engine_req req[64];
+    int rc = RX_OK;
+    double t0 = rx_gen_now ();
+    for (int s = 0; s < steps && rc == RX_OK; s++) {
+        s_tokens (c->tok, batch, c->V, &c->rng);
+        for (int i = 0; i < batch; i++) req[i] = (struct rx_engine_req) { seqs[i], 1, c->tok + i, 0 };
+        rc = c->ids ? s_step_ids (c, req, batch, err) : rx_engine_step (c->e, req, batch, c->logits, err);
     }
-    double dt = -1;
-    if (rc == RX_OK) {
-        double t0 = rx_gen_now ();
-        for (int s = 0; s < steps && rc == RX_OK; s++) {
-            s_tokens (c->tok, batch, c->V, &c->rng);
-            for (int i = 0; i < batch; i++) req[i] = (struct rx_engine_req) { seqs[i], 1, c->tok + i, 0 };
-            rc = c->ids ? s_step_ids (c, req, batch, err)
-                        : rx_engine_step (c->e, req, batch, c->logits, err);
-        }
-        dt = rx_gen_now () - t0;
-    }
-    for (int i = 0; i < ns; i++) rx_engine_seq_free (c->e, seqs[i]);
+    double dt = rx_gen_now () - t0;
     return rc == RX_OK ? dt : -1;
 }
 
 static int s_run (struct s_ctx *c, struct s_result *r, struct rx_err *err)
 {
+    /* The test's sequences, each with room for its depth and one run's
+     * tokens, filled to the depth once (untimed). */
+    int seqs[64], ns = 0, nseq = r->kind == 0 ? 1 : r->batch, rc = RX_OK;
+    for (; ns < nseq && rc == RX_OK; ns++) {
+        seqs[ns] = rx_engine_seq_new (c->e, r->depth + r->n, err);
+        if (seqs[ns] < 0) rc = seqs[ns];
+        else if (r->depth > 0) rc = s_fill (c, seqs[ns], r->depth, 0, err);
+        if (seqs[ns] < 0) break;
+    }
     /* Warm-up run (untimed), then the timed ones.  A warm-up tg is short:
      * it only has to wake the threads and touch the weights once. */
-    for (int i = -1; i < r->reps; i++) {
+    for (int i = -1; i < r->reps && rc == RX_OK; i++) {
         int n = r->n;
         if (i < 0 && r->kind != 0) n = n < 4 ? n : 4;
-        double dt = r->kind == 0 ? s_run_pp (c, n, err) : s_run_tg (c, n, r->batch, err);
-        if (dt < 0) return -1;
-        if (i >= 0) r->tps[i] = dt > 0 ? (double) n * r->batch / dt : 0;
+        for (int k = 0; k < ns && rc == RX_OK; k++) rc = rx_engine_seq_truncate (c->e, seqs[k], r->depth);
+        if (rc != RX_OK) {
+            rx_err_set (err, rc, "bench: cannot cut a sequence back to %d tokens", r->depth);
+            break;
+        }
+        double dt = r->kind == 0 ? s_run_pp (c, seqs[0], n, err) : s_run_tg (c, seqs, n, r->batch, err);
+        if (dt < 0) rc = RX_EINTERNAL;
+        else if (i >= 0) r->tps[i] = dt > 0 ? (double) n * r->batch / dt : 0;
     }
+    for (int k = 0; k < ns; k++) rx_engine_seq_free (c->e, seqs[k]);
+    if (rc != RX_OK) return -1;
     s_summarise (r);
     return 0;
 }
@@ -278,6 +297,7 @@ static void s_usage (FILE *f)
     fprintf (f,
              "usage: radix bench --model FILE.gguf [--threads T] [--config FILE]\n"
              "                   [--pp LIST] [--tg N] [--batch LIST] [--reps N] [--bw-mib N] [--json]\n"
+             "                   [--greedy] [--sample K] [--depth LIST]\n"
              "  prompt processing (--pp, default 128,512), generation (--tg, default 128)\n"
              "  and batched decode of --tg steps at each --batch size (default 1,4,16) in\n"
              "  tok/s: median (min..max) of --reps runs (default 3) after one warm-up.\n"
@@ -289,7 +309,9 @@ static void s_usage (FILE *f)
              "  copying their logits to the host (as greedy serving does).\n"
              "  --sample K (1..4096): --greedy, and each step also computes the K most\n"
              "  likely tokens of every row on the device and copies them back (the\n"
-             "  device's share of [scheduler] device_sampling).\n");
+             "  device's share of [scheduler] device_sampling).\n"
+             "  --depth LIST (default 0): run every test at each depth D, its sequences\n"
+             "  first filled with D tokens (untimed; names end in @dD), as llama-bench -d.\n");
 }
 
 static void s_json_str (FILE *f, const char *s)
@@ -318,12 +340,14 @@ int rx_cmd_bench (int argc, char **argv)
         { "bw-mib", required_argument, NULL, 'B' },
         { "greedy", no_argument, NULL, 'G' },
         { "sample", required_argument, NULL, 'S' },
+        { "depth", required_argument, NULL, 'd' },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 }
     };
     const char *model = NULL, *config = NULL, *threads = NULL;
     int pp[S_MAX_LIST] = { 128, 512 }, n_pp = 2;
     int bs[S_MAX_LIST] = { 1, 4, 16 }, n_bs = 3;
+    int depth[S_MAX_LIST] = { 0 }, n_depth = 1;
     long tg = 128, reps = 3, bw_mib = 1024, lv;
     int json = 0, greedy = 0, c;
     long sample = 0;
@@ -340,6 +364,9 @@ int rx_cmd_bench (int argc, char **argv)
                   threads = optarg; break;
         case 'p': if (s_parse_list ("pp", optarg, 1, 1 << 16, pp, &n_pp)) return 2; break;
         case 'b': if (s_parse_list ("batch", optarg, 1, 64, bs, &n_bs)) return 2; break;
+        case 'd': if (s_parse_list ("depth", optarg, 0, 1 << 20, depth, &n_depth)) return 2;
+                  if (n_depth == 0) depth[n_depth++] = 0;
+                  break;
         case 'n': if (rx_gen_parse_int ("tg", optarg, 0, 1 << 16, &tg)) return 2; break;
         case 'r': if (rx_gen_parse_int ("reps", optarg, 1, 64, &reps)) return 2; break;
         case 'B': if (rx_gen_parse_int ("bw-mib", optarg, 0, 1 << 20, &bw_mib)) return 2; break;
@@ -359,13 +386,17 @@ int rx_cmd_bench (int argc, char **argv)
     }
     if (tg == 0) n_bs = 0;
 
-    /* KV room: the longest prompt, or the largest batch of tg-token sequences. */
-    int64_t max_pp = 0, max_b = 1, slots;
+    /* KV room: the longest prompt, or the largest batch of tg-token
+     * sequences, after the largest depth. */
+    int64_t max_pp = 0, max_b = 1, max_d = 0, slots;
     for (int i = 0; i < n_pp; i++) max_pp = pp[i] > max_pp ? pp[i] : max_pp;
     for (int i = 0; i < n_bs; i++) max_b = bs[i] > max_b ? bs[i] : max_b;
-    slots = max_b * (tg > 4 ? tg : 4);
-    if (max_pp > slots) slots = max_pp;
-    int32_t max_tokens = (int32_t) (max_pp < S_UBATCH ? max_pp : S_UBATCH);
+    for (int i = 0; i < n_depth; i++) max_d = depth[i] > max_d ? depth[i] : max_d;
+    slots = max_b * ((tg > 4 ? tg : 4) + max_d);
+    if (n_pp > 0 && max_pp + max_d > slots) slots = max_pp + max_d;
+    /* The largest step: a prompt (or depth) chunk, or a batch. */
+    int64_t chunk = max_pp > max_d ? max_pp : max_d;
+    int32_t max_tokens = (int32_t) (chunk < S_UBATCH ? chunk : S_UBATCH);
     if (max_tokens < max_b) max_tokens = (int32_t) max_b;
 
     struct rx_err err = { 0 };
@@ -377,7 +408,7 @@ int rx_cmd_bench (int argc, char **argv)
     int status = 1, nthreads = 0;
     struct s_ctx cx = { 0 };
     float *inv_t = NULL;   /* --sample: 1 / temperature of every row */
-    struct s_result res[2 * S_MAX_LIST + 1];
+    struct s_result res[(2 * S_MAX_LIST + 1) * S_MAX_LIST];
     int n_res = 0;
     if (threads && rx_conf_set (b.conf, "kernels", "threads", threads, &err) != RX_OK) goto out;
     struct rx_engine_opts eo = { .model_path = model, .n_slots = slots, .max_tokens = max_tokens };
@@ -385,7 +416,7 @@ int rx_cmd_bench (int argc, char **argv)
     const struct rx_model_info *mi = rx_engine_info (cx.e);
     cx.V = mi->n_vocab;
     cx.rng = 0x2545F4914F6CDD1Dull;
-    size_t ntok = (size_t) (max_pp > max_b ? max_pp : max_b);
+    size_t ntok = (size_t) max_tokens;
     cx.tok = malloc (ntok * sizeof *cx.tok);
     cx.logits = malloc ((size_t) max_b * (size_t) cx.V * sizeof *cx.logits);
     if (greedy) cx.ids = malloc ((size_t) max_b * sizeof *cx.ids);
@@ -412,20 +443,27 @@ int rx_cmd_bench (int argc, char **argv)
      * box of docs/benchmarks.md), and the probe must measure memory. */
     double bw = bw_mib > 0 ? s_read_bw ((size_t) bw_mib << 20, nthreads, 3) : 0;
 
-    for (int i = 0; i < n_pp; i++) {
-        struct s_result *r = &res[n_res++];
-        *r = (struct s_result) { .kind = 0, .n = pp[i], .batch = 1, .reps = (int) reps };
-        snprintf (r->name, sizeof r->name, "pp%d", pp[i]);
-    }
-    if (tg > 0) {
-        struct s_result *r = &res[n_res++];
-        *r = (struct s_result) { .kind = 1, .n = (int) tg, .batch = 1, .reps = (int) reps };
-        snprintf (r->name, sizeof r->name, "tg%ld", tg);
-    }
-    for (int i = 0; i < n_bs; i++) {
-        struct s_result *r = &res[n_res++];
-        *r = (struct s_result) { .kind = 2, .n = (int) tg, .batch = bs[i], .reps = (int) reps };
-        snprintf (r->name, sizeof r->name, "tg%ld@b%d", tg, bs[i]);
+    /* Every test at every depth, depth by depth ("" at depth 0). */
+    int tg_res = -1;   /* the batch-1 tg at depth 0: the roofline's */
+    for (int d = 0; d < n_depth; d++) {
+        char at[16] = "";
+        if (depth[d] > 0) snprintf (at, sizeof at, "@d%d", depth[d]);
+        for (int i = 0; i < n_pp; i++) {
+            struct s_result *r = &res[n_res++];
+            *r = (struct s_result) { .kind = 0, .n = pp[i], .batch = 1, .depth = depth[d], .reps = (int) reps };
+            snprintf (r->name, sizeof r->name, "pp%d%s", pp[i], at);
+        }
+        if (tg > 0) {
+            struct s_result *r = &res[n_res++];
+            *r = (struct s_result) { .kind = 1, .n = (int) tg, .batch = 1, .depth = depth[d], .reps = (int) reps };
+            snprintf (r->name, sizeof r->name, "tg%ld%s", tg, at);
+            if (depth[d] == 0 && tg_res < 0) tg_res = n_res - 1;
+        }
+        for (int i = 0; i < n_bs; i++) {
+            struct s_result *r = &res[n_res++];
+            *r = (struct s_result) { .kind = 2, .n = (int) tg, .batch = bs[i], .depth = depth[d], .reps = (int) reps };
+            snprintf (r->name, sizeof r->name, "tg%ld@b%d%s", tg, bs[i], at);
+        }
     }
     for (int i = 0; i < n_res; i++) {
         if (!json && isatty (2)) {
@@ -436,9 +474,10 @@ int rx_cmd_bench (int argc, char **argv)
     }
     if (!json && isatty (2)) fprintf (stderr, "%40s\r", "");
 
+    /* Batch-1 decode at depth 0 reads every weight once a token (at a
+     * depth it also reads the KV, which the roofline does not count). */
     double roof = -1;
-    for (int i = 0; i < n_res; i++)
-        if (res[i].kind == 1 && bw > 0) roof = (double) mi->weight_bytes * res[i].med / (bw * 1e9);
+    if (tg_res >= 0 && bw > 0) roof = (double) mi->weight_bytes * res[tg_res].med / (bw * 1e9);
 
     const char *name = model ? model : rx_gguf_path (rx_engine_gguf (cx.e));
     if (json) {
@@ -452,10 +491,10 @@ int rx_cmd_bench (int argc, char **argv)
                 greedy ? "true" : "false", sample);
         for (int i = 0; i < n_res; i++) {
             struct s_result *r = &res[i];
-            printf ("%s{\"test\": \"%s\", \"kind\": \"%s\", \"n\": %d, \"batch\": %d, \"tok_s\": %.3f, "
-                    "\"tok_s_min\": %.3f, \"tok_s_max\": %.3f, \"samples\": [",
+            printf ("%s{\"test\": \"%s\", \"kind\": \"%s\", \"n\": %d, \"batch\": %d, \"depth\": %d, "
+                    "\"tok_s\": %.3f, \"tok_s_min\": %.3f, \"tok_s_max\": %.3f, \"samples\": [",
                     i ? ", " : "", r->name, r->kind == 0 ? "pp" : r->kind == 1 ? "tg" : "batch", r->n,
-                    r->batch, r->med, r->min, r->max);
+                    r->batch, r->depth, r->med, r->min, r->max);
             for (int k = 0; k < r->reps; k++) printf ("%s%.3f", k ? ", " : "", r->tps[k]);
             printf ("]}");
         }
@@ -469,20 +508,20 @@ int rx_cmd_bench (int argc, char **argv)
                 (unsigned long long) mi->weight_bytes, mi->n_params / 1e6);
         if (bw > 0) printf ("read bw:    %.2f GB/s (%d threads, best of 3 over %ld MiB)\n", bw, nthreads, bw_mib);
         else printf ("read bw:    not measured\n");
-        printf ("\n| %-10s | %5s | %10s | %21s |\n", "test", "batch", "tok/s", "min .. max");
-        printf ("|------------|-------|------------|-----------------------|\n");
+        printf ("\n| %-16s | %5s | %10s | %21s |\n", "test", "batch", "tok/s", "min .. max");
+        printf ("|------------------|-------|------------|-----------------------|\n");
         for (int i = 0; i < n_res; i++) {
             struct s_result *r = &res[i];
             char mm[48];
             snprintf (mm, sizeof mm, "%.2f .. %.2f", r->min, r->max);
-            printf ("| %-10s | %5d | %10.2f | %21s |\n", r->name, r->batch, r->med, mm);
+            printf ("| %-16s | %5d | %10.2f | %21s |\n", r->name, r->batch, r->med, mm);
         }
         printf ("\nmedian of %ld runs after one warm-up; tok/s counts all sequences of a batch%s%s.\n", reps,
                 greedy ? "; steps return the device argmax (--greedy), not logits" : "",
                 sample > 0 ? ", and each row's device sampling candidates (--sample)" : "");
         if (roof >= 0)
             printf ("tg roofline: %.1f MiB x %.2f tok/s / %.2f GB/s = %.2f of the read bandwidth\n",
-                    mi->weight_bytes / 1048576.0, res[n_pp].med, bw, roof);
+                    mi->weight_bytes / 1048576.0, res[tg_res].med, bw, roof);
     }
     fflush (stdout);
     status = 0;

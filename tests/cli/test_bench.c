@@ -167,6 +167,45 @@ Test (bench, sample_adds_the_device_candidates)
     free (m);
 }
 
+/* --depth: every test once per depth, its sequences filled first.  Each
+ * sequence has room for its depth and one run's tokens only, so a second
+ * rep that did not cut the sequences back to the depth would fail (no
+ * room): status 0 over 3 reps says they were. */
+Test (bench, depth_runs_every_test_at_each_depth)
+{
+    char *m = s_shared ("data/models/tiny-llama.gguf");
+    struct tu_run r = s_radix ((char *[]) { "bench", "--model", m, "--threads", "1", "--pp", "8",
+                                            "--tg", "3", "--batch", "2", "--reps", "3", "--depth", "0,600",
+                                            "--bw-mib", "0", "--json", "--greedy", NULL });
+    cr_assert_eq (r.status, 0, "stderr: %s", r.err);
+    json_error_t je;
+    json_t *root = json_loads (r.out, 0, &je);
+    cr_assert_not_null (root, "not JSON (%s): %s", je.text, r.out);
+    static const struct { const char *name; int depth; } want[] = {
+        { "pp8", 0 }, { "tg3", 0 }, { "tg3@b2", 0 }, { "pp8@d600", 600 }, { "tg3@d600", 600 }, { "tg3@b2@d600", 600 },
+    };
+    json_t *tests = json_object_get (root, "tests");
+    cr_assert_eq (json_array_size (tests), 6, "%s", r.out);
+    for (size_t i = 0; i < 6; i++) {
+        json_t *t = json_array_get (tests, i);
+        cr_assert_str_eq (json_string_value (json_object_get (t, "test")), want[i].name);
+        cr_assert_eq (json_integer_value (json_object_get (t, "depth")), want[i].depth);
+        cr_assert_gt (json_number_value (json_object_get (t, "tok_s")), 0);
+    }
+    json_decref (root);
+    tu_run_free (&r);
+    /* the table names them too; the default is depth 0 only */
+    r = s_radix ((char *[]) { "bench", "--model", m, "--pp", "none", "--tg", "2", "--batch", "none",
+                              "--reps", "1", "--depth", "40", "--bw-mib", "0", NULL });
+    cr_assert_eq (r.status, 0, "stderr: %s", r.err);
+    cr_assert (strstr (r.out, "| tg2@d40 "), "%s", r.out);
+    cr_assert_null (strstr (r.out, "| tg2 "), "%s", r.out);
+    tu_run_free (&r);
+    s_bad ((char *[]) { "bench", "--model", m, "--depth", "-1", NULL }, 2, "--depth \"-1\"");
+    s_bad ((char *[]) { "bench", "--model", m, "--depth", "1048577", NULL }, 2, "--depth \"1048577\"");
+    free (m);
+}
+
 Test (bench, bad_options_get_one_clear_error)
 {
     char *m = s_shared ("data/models/tiny-llama.gguf");

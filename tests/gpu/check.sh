@@ -33,7 +33,9 @@
 #                 for BF16 with the fast set, batch-1 decode again with the
 #                 fused projections off (RADIX_LLAMA_FUSE=0: their share);
 #                 for BF16, batched decode with device sampling candidates
-#                 (--sample 64) against copying whole rows to the host.
+#                 (--sample 64) against copying whole rows to the host;
+#                 last, if time is left, BF16 decode at 4k-32k tokens of
+#                 context (--depth) with split-K attention off and auto.
 # Steps 3, 4 and 6 run once per kernel set: "simple" (the defaults) and
 # "fast" ([kernels.cuda] matvec = fast, attention = tiled,
 # attention_splits = auto, and for the
@@ -383,5 +385,43 @@ EOF
       head -4 | sed 's/.*profile: *//' | awk '{printf "%s%s %s ms %s", (NR > 1 ? "; " : ""), $1, $4, $NF}') | $(grep -o 'total [0-9.]* ms.*' "$OUT/bench-$t-$k-profile.log" | head -1)"
   done
 done
+# Split-K decode attention (docs/gpu.md): decode at long contexts (radix
+# bench --depth) with the fast set's attention_splits = auto against 0
+# (the tiled/simple kernels alone), BF16.  Last and only while time is
+# left (SPLITK_BEFORE seconds since the start, default 360): it prefills
+# ~120k tokens per setting.
+m=$OUT/llama-1b-bf16.gguf
+case " $SETS " in *" fast "*) fast=1 ;; *) fast=0 ;; esac
+if [ "$fast" = 1 ] && [ -f "$m" ] && [ $(( $(date +%s) - T0 )) -lt "${SPLITK_BEFORE:-360}" ]; then
+  for v in 0 auto; do
+    f=$OUT/cuda-splitk-$v.ini
+    sed "s/^attention_splits = .*/attention_splits = $v/" "$(ini fast bench)" > "$f"
+    timeout 120 "$B/tools/radix" bench --config "$f" --model "$m" --pp none --tg 32 --batch none \
+      --depth 4096,16384,32768 --reps 3 --bw-mib 0 --greedy --json > "$OUT/bench-splitk-$v-b1.json" \
+      2> "$OUT/bench-splitk-$v-b1.log"
+    timeout 90 "$B/tools/radix" bench --config "$f" --model "$m" --pp none --tg 32 --batch 16 \
+      --depth 4096 --reps 3 --bw-mib 0 --greedy --json > "$OUT/bench-splitk-$v-b16.json" \
+      2> "$OUT/bench-splitk-$v-b16.log"
+  done
+  row "bench bf16 split-K" info "$(python3 - "$OUT" <<'EOF'
+import json, sys
+def load(v):
+    r = {}
+    for b in ("b1", "b16"):
+        try:
+            for t in json.load(open("%s/bench-splitk-%s-%s.json" % (sys.argv[1], v, b)))["tests"]:
+                r[(t["batch"], t["depth"])] = t["tok_s"]
+        except (OSError, ValueError, KeyError):
+            pass
+    return r
+off, on = load("0"), load("auto")
+out = ["b%d d%d %s -> %s tok/s%s" % (k[0], k[1], "%.0f" % off[k] if k in off else "failed",
+       "%.0f" % on[k] if k in on else "failed",
+       " (x%.2f)" % (on[k] / off[k]) if k in off and k in on and off[k] else "")
+       for k in sorted(set(off) | set(on))]
+print("; ".join(out) + " (attention_splits 0 -> auto; bench-splitk-*)" if out else "no result (bench-splitk-*.log)")
+EOF
+)"
+fi
 echo "targets (issue 9): decode b1 >= 70% of d2d bandwidth; pp512 >= 50% of cuBLAS BF16" >> "$SUMMARY"
 finish
