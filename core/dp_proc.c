@@ -270,6 +270,8 @@ static void s_aggregate (const struct rx_ipc_stats *const *v, int n, uint64_t co
         out->cand_rows += s->cand_rows;
         out->cand_full += s->cand_full;
         out->cand_tail += s->cand_tail;
+        out->cand_lp_rows += s->cand_lp_rows;
+        out->cand_lp_full += s->cand_lp_full;
         out->max_running_requests += s->max_running_requests;
         ntr += s->new_token_ratio;
     }

@@ -362,6 +362,8 @@ static int s_write (struct s_w *w, const struct rx_ipc_msg *m, struct rx_err *er
         s_u64 (w, s->cand_rows);
         s_u64 (w, s->cand_full);
         s_u64 (w, s->cand_tail);
+        s_u64 (w, s->cand_lp_rows);
+        s_u64 (w, s->cand_lp_full);
         break;
     }
     case RX_IPC_SHUTDOWN:
@@ -843,9 +845,11 @@ int rx_ipc_decode (const void *buf, size_t n, struct rx_ipc_msg *m, struct rx_er
             || (rc = s_gu32 (&r, &s->n_vocab, "n_vocab")) < 0
             || (rc = s_gf32 (&r, &s->new_token_ratio, "new_token_ratio")) < 0
             || (rc = s_gu64 (&r, &s->cand_rows, "cand_rows")) < 0
-            || (rc = s_gu64 (&r, &s->cand_full, "cand_full")) < 0)
+            || (rc = s_gu64 (&r, &s->cand_full, "cand_full")) < 0
+            || (rc = s_gu64 (&r, &s->cand_tail, "cand_tail")) < 0
+            || (rc = s_gu64 (&r, &s->cand_lp_rows, "cand_lp_rows")) < 0)
             break;
-        rc = s_gu64 (&r, &s->cand_tail, "cand_tail");
+        rc = s_gu64 (&r, &s->cand_lp_full, "cand_lp_full");
         break;
     }
     case RX_IPC_SHUTDOWN:

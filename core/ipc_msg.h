@@ -41,7 +41,7 @@
  *                prompt_tps, gen_tps, u64 cached_tokens, cache_tokens,
  *                finished, retractions, u32 max_running_requests,
  *                context_len, n_vocab, f32 new_token_ratio, u64 cand_rows,
- *                cand_full, cand_tail
+ *                cand_full, cand_tail, cand_lp_rows, cand_lp_full
  *   SHUTDOWN     u8 mode (enum rx_ipc_shutdown_mode), u32 deadline_ms
  *   REQ_ERROR    u64 rid, i32 status (enum rx_status, < 0), str message
  *   REQ_DONE     u32 count, count x u64 rid      (the layout of REQ_ABORT)
@@ -57,7 +57,8 @@
  * (n > 1), the REQ_ERROR type and the STATS fields after gen_tps.  REQ_DONE
  * (type 11) and REQ_ABORT_SEQ (15) came later without a bump: a new type changes no layout, and
  * only processes of one build exchange it.  Version 3 appended the device
- * sampling counters to STATS (cand_rows, cand_full, cand_tail).
+ * sampling counters to STATS (cand_rows, cand_full, cand_tail); version 4
+ * the logprobs-from-candidates counters (cand_lp_rows, cand_lp_full).
  *
  * Any change to a layout bumps RX_IPC_VERSION: processes of one radixd are
  * always the same build, so a version mismatch means a stale binary or a
@@ -88,7 +89,7 @@
 #include "request.h"
 
 #define RX_IPC_MAGIC      0x50495852u    /* "RXIP" as little-endian bytes */
-#define RX_IPC_VERSION    3
+#define RX_IPC_VERSION    4
 #define RX_IPC_HEADER_LEN 12
 /* Upper bound of one encoded message (a sanity limit, not a buffer size). */
 #define RX_IPC_MAX_MSG    (256u << 20)
@@ -255,6 +256,7 @@ struct rx_ipc_stats {
     float    new_token_ratio;    /* the admission estimate now */
     /* since v3: device sampling (struct rx_sched_stats), totals */
     uint64_t cand_rows, cand_full, cand_tail;
+    uint64_t cand_lp_rows, cand_lp_full;   /* since v4 */
 };
 
 /* A REQ_NEW the scheduler refused (main answers the client with it):

@@ -436,3 +436,30 @@ float rx_logprobs (const float *logits, int32_t n_vocab, int32_t chosen, int32_t
     if (chosen < 0 || chosen >= n_vocab || isnan (logits[chosen])) return -INFINITY;
     return (float) ((double) logits[chosen] - lse);
 }
+
+/* log of a candidate's probability: <= 0 (a rounded sum can leave the
+ * best one a hair above 1, where the double log_softmax is <= 0). */
+static float s_logp (float p)
+{
+    const double l = log ((double) p);
+    return (float) (l < 0 ? l : 0);
+}
+
+int rx_logprobs_cands (const float *probs, const int32_t *ids, int32_t k, int32_t chosen, int32_t n_top,
+                       float *lp, int32_t *top_ids, float *top_lp)
+{
+    if (!probs || !ids || k < 1 || n_top < 0 || n_top > k) return -1;
+    int32_t at = -1;
+    for (int32_t j = 0; j < k && at < 0; j++)
+        if (ids[j] == chosen) at = j;
+    /* isnormal: neither 0 (underflow, a -inf logit), subnormal, inf nor NaN */
+    if (at < 0 || !isnormal (probs[at]) || probs[at] < 0) return -1;
+    for (int32_t j = 0; j < n_top; j++)
+        if (!isnormal (probs[j]) || probs[j] < 0) return -1;
+    if (lp) *lp = s_logp (probs[at]);
+    for (int32_t j = 0; j < n_top; j++) {
+        if (top_ids) top_ids[j] = ids[j];
+        if (top_lp) top_lp[j] = s_logp (probs[j]);
+    }
+    return 0;
+}

@@ -112,6 +112,19 @@ void rx_logits_ban (float *logits, int32_t n_vocab, const int32_t *ids, size_t n
 float rx_logprobs (const float *logits, int32_t n_vocab, int32_t chosen, int32_t n_top,
                    int32_t *top_ids, float *top_lp);
 
+/* The same logprobs from device candidates instead of the row: probs/ids
+ * are k candidates at temperature 1 (softmax of the raw row, best first,
+ * the lower id first on ties: rx_engine_cands), so log(probs[j]) is the
+ * log_softmax of ids[j] -- equal to rx_logprobs up to float rounding (the
+ * device's float softmax: ~1e-6 of the double value here).  Returns 0 and
+ * fills *lp = log p(chosen) and top_ids/top_lp[0..n_top) (any of the three
+ * may be NULL: a check only), or -1 when the candidates cannot give them:
+ * n_top > k, chosen not among them, or a probability needed not a normal
+ * positive float (it underflowed, or the row has NaN or -inf logits, which
+ * rx_logprobs treats apart) -- the caller then reads the row. */
+int rx_logprobs_cands (const float *probs, const int32_t *ids, int32_t k, int32_t chosen, int32_t n_top,
+                       float *lp, int32_t *top_ids, float *top_lp);
+
 /* Index of the largest value (lowest index on ties; NaN ignored); 0 if none. */
 int32_t rx_argmax (const float *x, int32_t n);
 

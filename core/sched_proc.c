@@ -152,6 +152,8 @@ static void s_send_stats (struct s_proc *p, uint64_t cookie)
     s->cand_rows = st.cand_rows;
     s->cand_full = st.cand_full;
     s->cand_tail = st.cand_tail;
+    s->cand_lp_rows = st.cand_lp_rows;
+    s->cand_lp_full = st.cand_lp_full;
     s->cache_hit_rate = (float) st.cache_hit_rate;
     s->prompt_tps = (float) st.prompt_tps;
     s->gen_tps = (float) st.gen_tps;

@@ -95,7 +95,8 @@ struct rx_sched {
     rx_sample_pool_t *spool;     /* host sampling threads and their scratch */
     struct s_draw *draws;        /* [cap_draws] this step's host-sampled rows */
     size_t cap_draws;
-    int dev_sample;              /* draw plain sampled rows from device candidates */
+    int dev_sample;              /* draw plain sampled rows from device candidates (and
+                                  * logprobs at temperature 1 from them: s_cand_row) */
     int32_t k_cand;              /* candidates per row: sampling_candidates, at most n_vocab */
 
     struct s_list waiting, running, zombies, to_free;
@@ -133,6 +134,7 @@ struct rx_sched {
     /* stats */
     uint64_t st_prompt, st_cached, st_computed, st_gen, st_retract, st_finished;
     uint64_t st_cand_rows, st_cand_full, st_cand_tail;
+    uint64_t st_cand_lp_rows, st_cand_lp_full;
     uint64_t st_last_prompt, st_last_gen;
     double st_last_time;
 };
@@ -1075,15 +1077,28 @@ struct s_draw {
     const int32_t *tail;   /* s_draw_row */
 };
 
-/* Whether r's row draws from device candidates this step: device
- * sampling on, sampled without penalties, no min_tokens ban and no
- * logprobs (they read the whole row). */
+/* Whether r's row gets device candidates this step instead of going to
+ * the host whole: device sampling on, no penalties, no min_tokens ban, and
+ * either sampled without logprobs (the draw), or with logprobs at
+ * temperature 1 -- greedy too -- and top_logprobs <= sampling_candidates
+ * (OpenAI's logprobs are of the raw row: candidates at temperature 1 are
+ * its log_softmax, rx_logprobs_cands).  Logprobs at another temperature
+ * read the whole row. */
 static int s_cand_row (const rx_sched_t *s, const struct s_req *r)
 {
     const struct rx_sampling_params *sp = &r->g->req.sp;
     const uint32_t n_out = r->len - r->n_in;
-    return s->dev_sample && r->g->plain_sample && (int64_t) n_out < r->g->max_new &&
-           (int64_t) n_out >= sp->min_tokens && !sp->logprobs;
+    if (!s->dev_sample || (int64_t) n_out >= r->g->max_new || (int64_t) n_out < sp->min_tokens) return 0;
+    if (!sp->logprobs) return r->g->plain_sample;
+    return sp->top_logprobs <= s->k_cand &&
+           (r->g->plain_greedy || (r->g->plain_sample && r->g->samp.temperature == 1.f));
+}
+
+/* 1 / the temperature of a candidate row's softmax: 1 for a greedy row
+ * (its candidates are for its logprobs; the device argmax is its token). */
+static float s_cand_invt (const struct s_req *r)
+{
+    return r->g->plain_greedy ? 1.f : (float) (1.0 / (double) r->g->samp.temperature);
 }
 
 static int s_forward (rx_sched_t *s, int32_t all_decode, struct rx_err *err)
@@ -1137,7 +1152,7 @@ static int s_forward (rx_sched_t *s, int32_t all_decode, struct rx_err *err)
         if (r->n_kv + r->extend == r->len) {
             const int cand = s_cand_row (s, r);
             s->b_want[n_out] = (uint8_t) (!cand && s_needs_logits (r));
-            s->b_invt[n_out] = cand ? (float) (1.0 / (double) r->g->samp.temperature) : 0.f;
+            s->b_invt[n_out] = cand ? s_cand_invt (r) : 0.f;
             s->b_crow[n_out] = cand ? (int32_t) n_cand++ : -1;
             s->b_out[n_out++] = (int32_t) t - 1;
         }
@@ -1227,6 +1242,16 @@ static void s_draw_one (void *ctx, size_t i, struct rx_sample_scratch *w)
     d->r->has_drawn = 1;
 }
 
+/* r's logprobs for token tok from its candidate row c (temperature 1);
+ * -1 when they need the whole row (rx_logprobs_cands). */
+static int s_lp_cands (const rx_sched_t *s, const struct s_req *r, int32_t c, int32_t tok, float *lp,
+                       int32_t *top_ids, float *top_lp)
+{
+    const size_t K = (size_t) s->k_cand;
+    return rx_logprobs_cands (s->c_probs + (size_t) c * K, s->c_ids + (size_t) c * K, s->k_cand, tok,
+                              (int32_t) r->g->req.sp.top_logprobs, lp, top_ids, top_lp);
+}
+
 /* Draw every sampled row of the batch (the rows the walk in rx_sched_step
  * reaches, in its order of logits rows): a candidate row from its device
  * candidates here, on this thread (k_cand values each); the rest, and the
@@ -1244,8 +1269,18 @@ static int s_draw_all (rx_sched_t *s, struct rx_err *err)
         const float *raw = s->logits + j * V;
         int ban = 0;
         s->b_more[j] = 0;
-        if (!s_host_draw (r, &ban)) continue;
         const int32_t c = s->b_crow[j];
+        const int lp = c >= 0 && r->g->req.sp.logprobs;
+        if (lp) s->st_cand_lp_rows++;
+        if (!s_host_draw (r, &ban)) {
+            /* a greedy row with logprobs: its token is the device argmax */
+            if (lp && s_lp_cands (s, r, c, s->b_ids[j], NULL, NULL, NULL)) {
+                s->b_more[j] = 1;
+                n_more++;
+                s->st_cand_lp_full++;
+            }
+            continue;
+        }
         if (c < 0) {
             s->draws[n++] = (struct s_draw) { r, raw, ban, NULL };
             continue;
@@ -1257,10 +1292,17 @@ static int s_draw_all (rx_sched_t *s, struct rx_err *err)
         if (tok >= 0) {
             r->drawn = tok;
             r->has_drawn = 1;
+            /* its logprobs need the row after all (s_sample reads it) */
+            if (lp && s_lp_cands (s, r, c, tok, NULL, NULL, NULL)) {
+                s->b_more[j] = 1;
+                n_more++;
+                s->st_cand_lp_full++;
+            }
             continue;
         }
         s->b_more[j] = 1;
         n_more++;
+        if (lp) s->st_cand_lp_full++;
         if (tok == RX_CANDS_TAIL) s->st_cand_tail++;
         else s->st_cand_full++;
         s->draws[n++] = (struct s_draw) { r, raw, ban, tok == RX_CANDS_TAIL ? ids : NULL };
@@ -1276,8 +1318,10 @@ static int s_draw_all (rx_sched_t *s, struct rx_err *err)
 /* Sample r's next token from its raw logits row (copied to the host only
  * when s_needs_logits said so; else dev_argmax, the device's argmax of the
  * row, is the token; a host-sampled row was drawn by s_draw_all), emit it,
- * check finish.  Returns 1 when the request finished. */
-static int s_sample (rx_sched_t *s, struct s_req *r, const float *raw, int32_t dev_argmax)
+ * check finish.  crow >= 0: the row stayed on the device and its logprobs
+ * come from its candidates (s_draw_all checked that they can).  Returns 1
+ * when the request finished. */
+static int s_sample (rx_sched_t *s, struct s_req *r, const float *raw, int32_t dev_argmax, int32_t crow)
 {
     const struct rx_sampling_params *sp = &r->g->req.sp;
     const int32_t V = s->n_vocab;
@@ -1313,9 +1357,19 @@ static int s_sample (rx_sched_t *s, struct s_req *r, const float *raw, int32_t d
     if (sp->logprobs) {
         t->has_logprobs = 1;
         t->lp.n_top = (uint32_t) sp->top_logprobs;
-        s->ent_lp[i] = rx_logprobs (raw, V, tok, sp->top_logprobs,
-                                    &s->ent_top_ids[i * RX_MAX_TOP_LOGPROBS],
-                                    &s->ent_top_lp[i * RX_MAX_TOP_LOGPROBS]);
+        int32_t *top_ids = &s->ent_top_ids[i * RX_MAX_TOP_LOGPROBS];
+        float *top_lp = &s->ent_top_lp[i * RX_MAX_TOP_LOGPROBS];
+        if (crow < 0) s->ent_lp[i] = rx_logprobs (raw, V, tok, sp->top_logprobs, top_ids, top_lp);
+        else if (s_lp_cands (s, r, crow, tok, &s->ent_lp[i], top_ids, top_lp)) {
+            /* not expected: s_draw_all checked the same candidates */
+            rx_log (RX_LOG_ERROR, "scheduler: request %llu: no logprobs from its candidates",
+                    (unsigned long long) r->g->req.rid);
+            s->ent_lp[i] = -INFINITY;
+            for (int32_t j = 0; j < sp->top_logprobs; j++) {
+                top_ids[j] = -1;
+                top_lp[j] = -INFINITY;
+            }
+        }
     }
     n_out++;
     if (!sp->ignore_eos && s->o.eos_id >= 0 && tok == s->o.eos_id) {
@@ -1428,8 +1482,9 @@ int rx_sched_step (rx_sched_t *s, struct rx_sched_out *out, struct rx_err *err)
             continue;
         }
         const float *row = s->logits + k * (size_t) s->n_vocab;
+        const int32_t crow = s->b_crow[k] >= 0 && !s->b_more[k] ? s->b_crow[k] : -1;
         const int32_t id = s->b_ids[k++];
-        if (s_sample (s, r, row, id)) {
+        if (s_sample (s, r, row, id, crow)) {
             s_list_remove (&s->running, r);
             s_release (s, r, 1);
             s_retire (s, r);
@@ -1489,6 +1544,8 @@ void rx_sched_stats (rx_sched_t *s, struct rx_sched_stats *st)
     st->gen_tokens = s->st_gen;
     st->cand_rows = s->st_cand_rows;
     st->cand_full = s->st_cand_full;
+    st->cand_lp_rows = s->st_cand_lp_rows;
+    st->cand_lp_full = s->st_cand_lp_full;
     st->cand_tail = s->st_cand_tail;
     st->retractions = s->st_retract;
     st->finished = s->st_finished;

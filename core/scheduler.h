@@ -244,6 +244,9 @@ struct rx_sched_stats {
      * whose whole row was fetched (a cut past the candidates: full; a
      * plain draw past them: tail) */
     uint64_t cand_rows, cand_full, cand_tail;
+    /* rows with logprobs that got candidates (greedy or temperature 1),
+     * and of them the ones whose whole row was fetched all the same */
+    uint64_t cand_lp_rows, cand_lp_full;
 };
 void rx_sched_stats (rx_sched_t *s, struct rx_sched_stats *st);
 

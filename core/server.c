@@ -1136,6 +1136,18 @@ static void s_ep_metrics (rx_server_t *s, struct evhttp_request *req)
             "radix_device_sampling_rows_total{outcome=\"tail\"} %llu\n",
             (unsigned long long) ok, (unsigned long long) st->cand_full, (unsigned long long) st->cand_tail);
     }
+    if (!rc && st->cand_lp_rows > 0) {
+        /* logprobs at temperature 1 from the same candidates: full = the
+         * row was fetched all the same (top_logprobs past a tiny
+         * probability, a draw past the candidates). */
+        rc = rx_strbuf_printf (&b, &len, &cap,
+            "# HELP radix_device_logprobs_rows_total Rows with logprobs given device candidates, by outcome "
+            "(full: the whole row was fetched to the host).\n"
+            "# TYPE radix_device_logprobs_rows_total counter\n"
+            "radix_device_logprobs_rows_total{outcome=\"candidates\"} %llu\n"
+            "radix_device_logprobs_rows_total{outcome=\"full\"} %llu\n",
+            (unsigned long long) (st->cand_lp_rows - st->cand_lp_full), (unsigned long long) st->cand_lp_full);
+    }
     if (!rc && s->eplb.n > 0) {
         /* EPLB (docs/eplb.md): mean / max GPU load per MoE layer of the
          * current placement over the recorded window (1 = balanced). */

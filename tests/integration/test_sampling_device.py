@@ -13,9 +13,13 @@ host-visible, so `auto` would leave it off), OFF has device_sampling = off
     with the same seed -- the promise of sampling.h for a cut inside the
     candidates -- so ON and OFF give the same text;
   - top_k, min_p, plain temperature 1.3 (draws past the candidates: the
-    tail path), logprobs (the host path), n = 2 and streaming complete with
-    valid text, and /metrics counts the candidate rows by outcome
-    (candidates / full / tail) on ON and none on OFF;
+    tail path), logprobs at T 0.8 (the host path), n = 2 and streaming
+    complete with valid text, and /metrics counts the candidate rows by
+    outcome (candidates / full / tail) on ON and none on OFF;
+  - logprobs of greedy and temperature-1 rows come from candidates at
+    temperature 1 on ON: the same tokens and logprobs (within float
+    rounding) as OFF's whole rows, counted by
+    radix_device_logprobs_rows_total;
   - a bad device_sampling / sampling_candidates value in the INI makes
     radixd exit 1 with one line naming the file, the line and the key.
 """
@@ -83,14 +87,23 @@ def cand_counts(d):
             for o in ("candidates", "full", "tail")}
 
 
-def settled(d):
+def lp_counts(d):
+    """/metrics radix_device_logprobs_rows_total by outcome (0 when absent)."""
+    r = d.get("/metrics")
+    eq(r.status, 200, "GET /metrics")
+    m = parse_metrics(r.body.decode("utf-8"))
+    return {o: int(m.get('radix_device_logprobs_rows_total{outcome="%s"}' % o, 0)) for o in ("candidates", "full")}
+
+
+def settled(d, counts=None):
     """cand_counts once it holds still: /metrics shows the scheduler's
     periodic stats (1 s), so two reads 1.2 s apart that agree include every
     request answered before the first."""
-    prev = cand_counts(d)
+    counts = counts or cand_counts
+    prev = counts(d)
     for _ in range(8):
         time.sleep(1.2)
-        cur = cand_counts(d)
+        cur = counts(d)
         if cur == prev:
             return cur
         prev = cur
@@ -187,6 +200,35 @@ def test_logprobs_host_path():
     # a logprobs request never takes the candidate path: the counters do
     # not move
     eq(settled(ON), before, "candidate counters after a logprobs request")
+
+
+def same_logprobs(a, b, what):
+    """Two completions' logprobs: the same tokens and top ids, values within
+    1e-4 (ON's are float logs of the device softmax, OFF's double)."""
+    la, lb = a["choices"][0]["logprobs"], b["choices"][0]["logprobs"]
+    eq(la["tokens"], lb["tokens"], "%s: logprobs.tokens" % what)
+    for i in range(MAX):
+        x, y = la["token_logprobs"][i], lb["token_logprobs"][i]
+        expect(abs(x - y) <= 1e-4, "%s: token_logprobs[%d] %r vs %r" % (what, i, x, y))
+        ta, tb = la["top_logprobs"][i], lb["top_logprobs"][i]
+        eq(sorted(ta), sorted(tb), "%s: top_logprobs[%d] tokens" % (what, i))
+        for k in ta:
+            expect(abs(ta[k] - tb[k]) <= 1e-4, "%s: top_logprobs[%d][%r] %r vs %r" % (what, i, k, ta[k], tb[k]))
+
+
+@test
+def test_logprobs_from_candidates():
+    before = settled(ON, lp_counts)
+    for what, kw in (("greedy", dict(temperature=0)), ("T 1 top_k 5", dict(temperature=1.0, top_k=5, seed=17))):
+        a = completion(ON, logprobs=3, **kw)
+        b = completion(OFF, logprobs=3, **kw)
+        eq(a["choices"][0]["text"], b["choices"][0]["text"], "%s with logprobs: text on vs off" % what)
+        same_logprobs(a, b, what)
+    # both requests' rows (the first from the prefill step) took their
+    # logprobs from the candidates, none read whole
+    eq(delta(settled(ON, lp_counts), before), {"candidates": 2 * MAX, "full": 0},
+       "logprob rows from candidates by outcome")
+    eq(settled(OFF, lp_counts), {"candidates": 0, "full": 0}, "device_sampling = off: logprob rows")
 
 
 @test

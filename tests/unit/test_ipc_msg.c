@@ -228,7 +228,7 @@ static void s_control (struct rx_ipc_msg *m, int which)
         m->u.stats = (struct rx_ipc_stats) { 12345, 3, 17, 250, 100000, UINT64_MAX, 1ull << 33,
                                              987654321, 123456789, 0.625f, 2500.5f, 180.25f,
                                              555555, 1ull << 35, 4242, 7, 1024, 131072, 151936,
-                                             0.4375f, 1ull << 40, 77, UINT64_MAX - 5 };
+                                             0.4375f, 1ull << 40, 77, UINT64_MAX - 5, 1ull << 41, 99 };
         break;
     case 5:
         m->type = RX_IPC_SHUTDOWN;
@@ -441,6 +441,8 @@ static void s_eq (const struct rx_ipc_msg *a, const struct rx_ipc_msg *b)
         cr_assert_eq (x->cand_rows, y->cand_rows);
         cr_assert_eq (x->cand_full, y->cand_full);
         cr_assert_eq (x->cand_tail, y->cand_tail);
+        cr_assert_eq (x->cand_lp_rows, y->cand_lp_rows);
+        cr_assert_eq (x->cand_lp_full, y->cand_lp_full);
         cr_assert (s_feq (x->new_token_ratio, y->new_token_ratio));
         break;
     }
@@ -570,7 +572,7 @@ Test (ipc_msg, wire_layout_is_little_endian_and_compact)
     uint8_t *b = s_enc (&m, &len);
     /* header 12 + count 4 + 3 x 8 */
     cr_assert_eq (len, 12 + 4 + 24);
-    static const uint8_t head[] = { 'R', 'X', 'I', 'P', 3, 0, RX_IPC_REQ_ABORT, 0, 28, 0, 0, 0,
+    static const uint8_t head[] = { 'R', 'X', 'I', 'P', 4, 0, RX_IPC_REQ_ABORT, 0, 28, 0, 0, 0,
                                     3, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0 };
     cr_assert_eq (memcmp (b, head, sizeof head), 0);
     cr_assert_eq (b[16 + 8 + 7], 0x80);       /* rid 1<<63: top byte last */
@@ -602,7 +604,7 @@ Test (ipc_msg, wire_layout_is_little_endian_and_compact)
     /* REQ_DONE: type 11, then REQ_ABORT's payload */
     s_done (&t, 2);
     b = s_enc (&t, &len);
-    static const uint8_t done[] = { 'R', 'X', 'I', 'P', 3, 0, 11, 0, 20, 0, 0, 0,
+    static const uint8_t done[] = { 'R', 'X', 'I', 'P', 4, 0, 11, 0, 20, 0, 0, 0,
                                     2, 0, 0, 0, 8, 7, 6, 5, 4, 3, 2, 1, 7, 0, 0, 0, 0, 0, 0, 0 };
     cr_assert_eq (len, sizeof done);
     cr_assert_eq (memcmp (b, done, sizeof done), 0);
@@ -610,17 +612,17 @@ Test (ipc_msg, wire_layout_is_little_endian_and_compact)
     /* REQ_ABORT_SEQ: type 15, count, then (u64 rid, u32 index) pairs */
     s_abort_seq (&t, 2);
     b = s_enc (&t, &len);
-    static const uint8_t aseq[] = { 'R', 'X', 'I', 'P', 3, 0, 15, 0, 28, 0, 0, 0, 2, 0, 0, 0,
+    static const uint8_t aseq[] = { 'R', 'X', 'I', 'P', 4, 0, 15, 0, 28, 0, 0, 0, 2, 0, 0, 0,
                                     8, 7, 6, 5, 4, 3, 2, 1, 2, 0, 0, 0,
                                     7, 0, 0, 0, 0, 0, 0, 0, 0xfe, 0xff, 0xff, 0xff };
     cr_assert_eq (len, sizeof aseq);
     cr_assert_eq (memcmp (b, aseq, sizeof aseq), 0);
     free (b);
-    /* STATS v3: 12 + the v1 payload (8 + 3x4 + 5x8 + 3x4) + v2's 4x8 + 3x4
-     * + 4 + v3's 3x8 */
+    /* STATS v4: 12 + the v1 payload (8 + 3x4 + 5x8 + 3x4) + v2's 4x8 + 3x4
+     * + 4 + v3's 3x8 + v4's 2x8 */
     s_control (&t, 4);
     b = s_enc (&t, &len);
-    cr_assert_eq (len, 12 + (8 + 12 + 40 + 12) + 32 + 12 + 4 + 24);
+    cr_assert_eq (len, 12 + (8 + 12 + 40 + 12) + 32 + 12 + 4 + 24 + 16);
     free (b);
 }
 
@@ -740,20 +742,24 @@ Test (ipc_msg, other_version_refused_naming_both)
     size_t len;
     uint8_t *buf = s_enc (&m, &len);
     /* version 1 (before the sibling index and REQ_ERROR), version 2 (before
-     * the device sampling counters of STATS) and version 4 */
+     * the device sampling counters of STATS), version 3 (before the
+     * logprobs counters) and version 5 */
     buf[4] = 1;
     s_refused (buf, len, "version 1");
     struct rx_ipc_msg d;
     struct rx_err err = { 0 };
     rx_ipc_decode (buf, len, &d, &err);
     cr_assert (strstr (err.msg, "format version 1,"), "%s", err.msg);
-    cr_assert (strstr (err.msg, "speaks version 3"), "%s", err.msg);
+    cr_assert (strstr (err.msg, "speaks version 4"), "%s", err.msg);
     buf[4] = 2;
     rx_ipc_decode (buf, len, &d, &err);
     cr_assert (strstr (err.msg, "format version 2,"), "%s", err.msg);
-    buf[4] = 4;
+    buf[4] = 3;
     rx_ipc_decode (buf, len, &d, &err);
-    cr_assert (strstr (err.msg, "format version 4,"), "%s", err.msg);
+    cr_assert (strstr (err.msg, "format version 3,"), "%s", err.msg);
+    buf[4] = 5;
+    rx_ipc_decode (buf, len, &d, &err);
+    cr_assert (strstr (err.msg, "format version 5,"), "%s", err.msg);
     buf[4] = 0;
     buf[5] = 1;   /* 256 */
     rx_ipc_decode (buf, len, &d, &err);

@@ -794,3 +794,74 @@ Test (sampling_cands, bad_candidates_and_greedy_parameters_go_to_the_whole_row)
     }
     rx_sampler_destroy (&s);
 }
+
+/* Logprobs from candidates at temperature 1 (rx_logprobs_cands) are the
+ * double log_softmax of rx_logprobs up to the float softmax's rounding,
+ * with the same top ids (ties to the lower id); whatever they cannot give
+ * exactly enough is -1: the caller reads the row. */
+Test (sampling_cands, logprobs_from_candidates_equal_the_rows)
+{
+    enum { V = 32000, K = 64 };
+    float *x = malloc (V * sizeof *x), probs[K];
+    int32_t ids[K];
+    cr_assert_not_null (x);
+    static const double sds[] = { 1.0, 3.0, 8.0 };
+    int checked = 0;
+    for (int r = 0; r < 3; r++) {
+        s_cl = 100 + (uint64_t) r;
+        s_crow (x, V, sds[r]);
+        s_cands (x, V, 1.0f, K, probs, ids);
+        static const int32_t tops[] = { 0, 1, 5, 20 };
+        for (int t = 0; t < 4; t++)
+            for (int32_t at = 0; at < K; at += 9) {
+                const int32_t n_top = tops[t], chosen = ids[at];
+                int32_t hid[20], cid[20];
+                float hlp[20], clp[20], lp = 1;
+                const float want = rx_logprobs (x, V, chosen, n_top, hid, hlp);
+                if (!isnormal (probs[at])) {   /* sd 8: the tail underflows */
+                    cr_assert_eq (rx_logprobs_cands (probs, ids, K, chosen, n_top, &lp, cid, clp), -1);
+                    continue;
+                }
+                cr_assert_eq (rx_logprobs_cands (probs, ids, K, chosen, n_top, &lp, cid, clp), 0,
+                              "sd %g, n_top %d, candidate %d", sds[r], n_top, at);
+                cr_assert_eq (rx_logprobs_cands (probs, ids, K, chosen, n_top, NULL, NULL, NULL), 0, "check only");
+                cr_assert_float_eq (lp, want, 1e-4 + 1e-6 * fabsf (want), "sd %g candidate %d: %g vs %g", sds[r],
+                                    at, lp, want);
+                cr_assert_leq (lp, 0);
+                for (int32_t j = 0; j < n_top; j++) {
+                    cr_assert_eq (cid[j], hid[j], "sd %g top %d", sds[r], j);
+                    cr_assert_float_eq (clp[j], hlp[j], 1e-4 + 1e-6 * fabsf (hlp[j]));
+                }
+                checked++;
+            }
+    }
+    cr_assert_gt (checked, 60);
+    /* what they cannot give */
+    s_cl = 7;
+    s_crow (x, V, 1.0);
+    s_cands (x, V, 1.0f, K, probs, ids);
+    float lp;
+    cr_assert_eq (rx_logprobs_cands (probs, ids, K, ids[3], K + 1, &lp, NULL, NULL), -1, "n_top > k");
+    cr_assert_eq (rx_logprobs_cands (probs, ids, 8, ids[8], 5, &lp, NULL, NULL), -1, "chosen past the k");
+    cr_assert_eq (rx_logprobs_cands (probs, ids, 0, ids[0], 0, &lp, NULL, NULL), -1, "k 0");
+    cr_assert_eq (rx_logprobs_cands (NULL, ids, K, ids[0], 0, &lp, NULL, NULL), -1);
+    float bad[K];
+    static const float poison[] = { 0, NAN, INFINITY, 1e-40f /* subnormal */, -0.5f };
+    for (int c = 0; c < 5; c++) {
+        memcpy (bad, probs, sizeof bad);
+        bad[4] = poison[c];
+        cr_assert_eq (rx_logprobs_cands (bad, ids, K, ids[4], 0, &lp, NULL, NULL), -1, "chosen's p %g", poison[c]);
+        cr_assert_eq (rx_logprobs_cands (bad, ids, K, ids[0], 5, &lp, NULL, NULL), -1, "a top p %g", poison[c]);
+        cr_assert_eq (rx_logprobs_cands (bad, ids, K, ids[0], 4, &lp, NULL, NULL), 0, "p %g past the top 4", poison[c]);
+    }
+    /* a peaked row: the best token's logprob is 0 (not above) */
+    for (int32_t i = 0; i < V; i++) x[i] = i == 42 ? 0.f : -200.f;
+    s_cands (x, V, 1.0f, K, probs, ids);
+    int32_t tid;
+    float tlp;
+    cr_assert_eq (rx_logprobs_cands (probs, ids, K, 42, 1, &lp, &tid, &tlp), 0);
+    cr_assert_eq (tid, 42);
+    cr_assert (lp == 0 && tlp == 0, "%g %g", lp, tlp);
+    cr_assert_eq (rx_logprobs_cands (probs, ids, K, 42, 2, &lp, NULL, NULL), -1, "the second underflowed");
+    free (x);
+}

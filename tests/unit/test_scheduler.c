@@ -1473,6 +1473,115 @@ Test (scheduler, device_sampling_keeps_the_host_paths_and_top_k_draws)
     s_env_close (&e);
 }
 
+/* Logprobs from candidates: greedy rows and rows sampled at temperature 1
+ * take their logprobs from candidates at temperature 1 (no whole row);
+ * every logprob any mode emits is the log_softmax of the reference
+ * engine's logits along the tokens that request got, and the greedy,
+ * top_k and T 0.9 rows give the host path's tokens. */
+static int s_lp_k;   /* top_logprobs of kinds 0-2 */
+static void s_tw_lpc (struct rx_request *r)
+{
+    const int i = s_ds_i;
+    r->sp.has_seed = 1;
+    r->sp.seed = 9100 + (uint64_t) i;
+    r->sp.logprobs = 1;
+    r->sp.top_logprobs = i % 4 == 3 ? 5 : s_lp_k;
+    switch (i % 4) {
+    case 0: r->sp.temperature = 0; break;                            /* greedy: candidates */
+    case 1: r->sp.temperature = 1.0f; r->sp.top_k = 20; break;        /* candidates, the host's draw */
+    case 2: r->sp.temperature = 1.0f; break;                          /* plain: candidates (tail: row) */
+    case 3: r->sp.temperature = 0.9f; break;                          /* not temperature 1: the row */
+    }
+}
+
+/* The logits of every generated token of r (prompt p), by one forward of
+ * the reference engine over the prompt and all but its last token. */
+static void s_lp_check (struct env *e, const int32_t *p, const struct res *r, int n_top, const char *what)
+{
+    const int nt = DS_NP + r->n - 1;
+    int32_t *toks = malloc ((size_t) nt * sizeof *toks), *pos = malloc ((size_t) nt * sizeof *pos);
+    int32_t *orow = malloc ((size_t) r->n * sizeof *orow);
+    float *lg = malloc ((size_t) r->n * (size_t) e->V * sizeof *lg);
+    cr_assert (toks && pos && orow && lg);
+    memcpy (toks, p, DS_NP * sizeof *toks);
+    memcpy (toks + DS_NP, r->ids, (size_t) (r->n - 1) * sizeof *toks);
+    for (int i = 0; i < nt; i++) pos[i] = i;
+    for (int t = 0; t < r->n; t++) orow[t] = DS_NP - 1 + t;
+    int32_t q[2] = { 0, nt }, kv[2] = { 0, nt };
+    struct rx_model_batch b = { .struct_size = sizeof b, .n_tokens = nt, .tokens = toks, .pos = pos, .n_seq = 1,
+                                .q_start = q, .kv_start = kv, .kv_slots = pos, .n_out = r->n, .out_rows = orow };
+    struct rx_err err = { 0 };
+    cr_assert_eq (rx_engine_forward (e->ref, &b, lg, &err), RX_OK, "%s", err.msg);
+    for (int t = 0; t < r->n; t++) {
+        const float *x = lg + (size_t) t * e->V;
+        double mx = -INFINITY, sum = 0;
+        for (int i = 0; i < e->V; i++) mx = fmax (mx, x[i]);
+        for (int i = 0; i < e->V; i++) sum += exp ((double) x[i] - mx);
+        const double lse = mx + log (sum);
+        cr_assert_float_eq (r->lp[t], x[r->ids[t]] - lse, 1e-4, "%s token %d: %g vs %g", what, t, r->lp[t],
+                            x[r->ids[t]] - lse);
+        for (int j = 0; j < n_top && j < 5; j++) {
+            const int32_t id = r->top_ids[t][j];
+            cr_assert (id >= 0 && id < e->V, "%s token %d top %d: %d", what, t, j, id);
+            cr_assert_float_eq (r->top_lp[t][j], x[id] - lse, 1e-4, "%s token %d top %d", what, t, j);
+            if (j > 0) {   /* best first, the lower id first on ties */
+                const int32_t pid = r->top_ids[t][j - 1];
+                cr_assert (x[pid] > x[id] || (x[pid] == x[id] && pid < id), "%s token %d: top %d out of order",
+                           what, t, j);
+            }
+        }
+        if (n_top > 0) {   /* nothing outside the list beats its last */
+            const int32_t last = r->top_ids[t][(n_top < 5 ? n_top : 5) - 1];
+            int better = 0;
+            for (int i = 0; i < e->V; i++) better += x[i] > x[last];
+            cr_assert_lt (better, n_top < 5 ? n_top : 5, "%s token %d: %d tokens beat the top list", what, t, better);
+        }
+    }
+    free (toks);
+    free (pos);
+    free (orow);
+    free (lg);
+}
+
+Test (scheduler, device_sampling_logprobs_at_temperature_one_from_candidates)
+{
+    struct env e;
+    s_env_open (&e);
+    int32_t p[DS_NQ][DS_NP];
+    s_ds_prompts (p, 7373);
+    /* off; on with 64 candidates; on with 4 (top_logprobs 5 > 4: the row) */
+    static const int32_t ds[] = { 0, 1, 1 }, ks[] = { 64, 64, 4 };
+    struct run *run[3];
+    struct rx_sched_stats st[3];
+    s_lp_k = 5;
+    for (int m = 0; m < 3; m++) {
+        run[m] = calloc (1, sizeof *run[m]);
+        s_ds_run (&e, ds[m], ks[m], p, s_tw_lpc, run[m], &st[m]);
+    }
+    cr_assert_eq (st[0].cand_lp_rows, 0, "device sampling off");
+    /* kinds 0-2: 12 requests, every step */
+    cr_assert_eq (st[1].cand_lp_rows, (uint64_t) (DS_NQ / 4) * 3 * DS_NG, "%llu",
+                  (unsigned long long) st[1].cand_lp_rows);
+    cr_assert_leq (st[1].cand_lp_full, st[1].cand_full + st[1].cand_tail,
+                   "with 64 candidates only a draw past them fetches a row");
+    cr_assert_eq (st[2].cand_lp_rows, 0, "top_logprobs 5 > 4 candidates: every logprob row is read whole");
+    for (int i = 0; i < DS_NQ; i++)
+        for (int m = 0; m < 3; m++) {
+            struct res *r = s_res (run[m], 100 + (uint64_t) i, 0);
+            char what[64];
+            snprintf (what, sizeof what, "mode %d request %d (kind %d)", m, i, i % 4);
+            cr_assert_eq (r->n, DS_NG, "%s", what);
+            s_lp_check (&e, p[i], r, 5, what);
+            if (i % 4 != 2)
+                cr_assert_arr_eq (r->ids, s_res (run[0], 100 + (uint64_t) i, 0)->ids, sizeof r->ids[0] * DS_NG,
+                                  "%s: the host path's tokens", what);
+        }
+    cr_log_info ("logprobs from candidates: %llu rows, %llu read whole", (unsigned long long) st[1].cand_lp_rows,
+                 (unsigned long long) st[1].cand_lp_full);
+    for (int m = 0; m < 3; m++) free (run[m]);
+    s_env_close (&e);
+}
+
 /* sampling_candidates = 2: plain sampling at T 1.5 falls past two
  * candidates often (RX_CANDS_TAIL: the row is fetched, the two banned),
  * top_p 0.99 needs more than two (RX_CANDS_FULL), top_k 3 > 2 always
