@@ -66,6 +66,10 @@ struct rx_engine {
     float *d_cvals;               /* device [cap_cand][k_cand] */
     int32_t *d_cidx;
     int32_t cap_cand, k_cand;
+    /* rx_engine_logits_gather's indices and values */
+    int32_t *d_gidx;
+    float *d_gval;
+    size_t cap_g;
     uint64_t kcaps;               /* the backend's RX_KCAP_* */
     rx_eplb_rt_t *eplb;           /* MoE models: recording and placement (core/expert_record.h) */
 };
@@ -953,6 +957,11 @@ static void s_cands_free (rx_engine_t *e)
     e->d_cand = e->d_cvals = NULL;
     e->d_cidx = NULL;
     e->cap_cand = e->k_cand = 0;
+    if (e->d_gidx) e->K->free_ (e->be, e->d_gidx);
+    if (e->d_gval) e->K->free_ (e->be, e->d_gval);
+    e->d_gidx = NULL;
+    e->d_gval = NULL;
+    e->cap_g = 0;
 }
 
 /* Candidate rows are computed S_CAND_CHUNK at a time: the softmax scratch
@@ -1036,6 +1045,48 @@ int rx_engine_logits_rows (rx_engine_t *e, float *logits, int32_t n_out, const u
     if (n_out > e->cap_out || !logits)
         return rx_err_set (err, RX_EINVAL, "engine: logits rows: %d rows, %d in the last step", n_out, e->cap_out);
     int rc = s_logits_down (e, logits, n_out, want, err);
+    if (rc == RX_OK) rc = e->K->synchronize (e->be, NULL, err);
+    return rc;
+}
+
+int rx_engine_can_gather (const rx_engine_t *e)
+{
+    return RX_HAS (struct rx_kernels_ops, e->K, gather_rows);
+}
+
+int rx_engine_logits_gather (rx_engine_t *e, const int32_t *idx, size_t n, float *out, struct rx_err *err)
+{
+    if (n == 0) return RX_OK;
+    if (!idx || !out) return rx_err_set (err, RX_EINVAL, "engine: logits gather: NULL indices or output");
+    if (!rx_engine_can_gather (e))
+        return rx_err_set (err, RX_ENOTSUP, "engine: logits gather: the kernel backend has no gather_rows");
+    const int64_t total = (int64_t) e->cap_out * e->info.n_vocab;
+    for (size_t i = 0; i < n; i++)
+        if (idx[i] < 0 || idx[i] >= total)
+            return rx_err_set (err, RX_EINVAL, "engine: logits gather: index %d outside the %lld logits of the last step",
+                               (int) idx[i], (long long) total);
+    if (n > e->cap_g) {
+        /* Grow-only, doubling: a free drops a CUDA backend's graphs. */
+        size_t cap = e->cap_g ? e->cap_g : 4096;
+        while (cap < n) cap *= 2;
+        if (e->d_gidx || e->d_gval) e->K->synchronize (e->be, NULL, NULL);
+        if (e->d_gidx) e->K->free_ (e->be, e->d_gidx);
+        if (e->d_gval) e->K->free_ (e->be, e->d_gval);
+        e->d_gidx = NULL;
+        e->d_gval = NULL;
+        e->cap_g = 0;
+        void *di = NULL, *dv = NULL;
+        int rc = e->K->alloc (e->be, cap * sizeof (int32_t), 0, &di, err);
+        if (rc == RX_OK) rc = e->K->alloc (e->be, cap * sizeof (float), 0, &dv, err);
+        e->d_gidx = di;
+        e->d_gval = dv;
+        if (rc != RX_OK) return rc;
+        e->cap_g = cap;
+    }
+    /* The logits as rows of one float: y[i] = logits[idx[i]]. */
+    int rc = e->K->copy_h2d (e->be, NULL, e->d_gidx, idx, n * sizeof (int32_t), err);
+    if (rc == RX_OK) rc = e->K->gather_rows (e->be, NULL, e->d_logits, 1, e->d_gidx, n, 1, e->d_gval, 1, err);
+    if (rc == RX_OK) rc = e->K->copy_d2h (e->be, NULL, out, e->d_gval, n * sizeof (float), err);
     if (rc == RX_OK) rc = e->K->synchronize (e->be, NULL, err);
     return rc;
 }

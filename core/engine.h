@@ -220,6 +220,16 @@ int rx_engine_forward_sample (rx_engine_t *e, const struct rx_model_batch *b, fl
  * Valid until the next forward. */
 int rx_engine_logits_rows (rx_engine_t *e, float *logits, int32_t n_out, const uint8_t *want,
                            struct rx_err *err);
+/* After a forward: out[i] = the logit at flat index idx[i] of its output
+ * rows (row j, token t: j * n_vocab + t), gathered on the device (the
+ * gather_rows op, ABI 1.3) and copied back -- a few values of many rows
+ * instead of the rows.  Device sampling's penalized rows read their
+ * candidates' and their penalized tokens' raw logits this way.  Valid
+ * until the next forward; RX_ENOTSUP without gather_rows
+ * (rx_engine_can_gather), RX_EINVAL for an index past the last step's
+ * rows' storage. */
+int rx_engine_logits_gather (rx_engine_t *e, const int32_t *idx, size_t n, float *out, struct rx_err *err);
+int rx_engine_can_gather (const rx_engine_t *e);
 /* Whether the backend's memory is the device's own (not RX_KCAP_HOST_VISIBLE):
  * where [scheduler] device_sampling = auto samples from candidates. */
 int rx_engine_device_sampling (const rx_engine_t *e);

@@ -437,6 +437,40 @@ float rx_logprobs (const float *logits, int32_t n_vocab, int32_t chosen, int32_t
     return (float) ((double) logits[chosen] - lse);
 }
 
+static int s_pair_cmp (const void *a, const void *b)
+{
+    const struct rx_cand_pair *x = a, *y = b;
+    if (x->l != y->l) return x->l > y->l ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+int32_t rx_cands_penalized (const int32_t *tok, const float *raw, const float *pen, int32_t m, int32_t k, float p1,
+                            float t, int32_t *ids, float *probs, struct rx_cand_pair *scratch)
+{
+    if (!tok || !raw || !pen || !ids || !probs || !scratch || k < 1 || m < k || !(t > 0) || !isfinite (t))
+        return -1;
+    if (!isnormal (p1) || p1 < 0) return -1;
+    for (int32_t q = 0; q < m; q++)
+        if (isnan (raw[q]) || raw[q] == INFINITY || isnan (pen[q]) || pen[q] == INFINITY) return -1;
+    const double l1 = raw[0], lk = raw[k - 1];
+    if (!isfinite (l1)) return -1;
+    const double S = 1.0 / (double) p1;
+    double Sp = S;
+    int32_t nh = 0;
+    for (int32_t q = 0; q < m; q++) {
+        const int moved = pen[q] != raw[q];
+        if (moved) Sp += exp (((double) pen[q] - l1) / t) - exp (((double) raw[q] - l1) / t);
+        if (moved ? pen[q] > lk : q < k) scratch[nh++] = (struct rx_cand_pair) { pen[q], tok[q] };
+    }
+    if (!(Sp > 1e-3 * S) || !isfinite (Sp) || nh == 0) return -1;
+    qsort (scratch, (size_t) nh, sizeof *scratch, s_pair_cmp);
+    for (int32_t q = 0; q < nh; q++) {
+        ids[q] = scratch[q].id;
+        probs[q] = (float) (exp (((double) scratch[q].l - l1) / t) / Sp);
+    }
+    return nh;
+}
+
 /* log of a candidate's probability: <= 0 (a rounded sum can leave the
  * best one a hair above 1, where the double log_softmax is <= 0). */
 static float s_logp (float p)

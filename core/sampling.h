@@ -84,6 +84,31 @@ int32_t rx_sampler_sample_with (rx_sampler_t *s, const struct rx_sampling *p, ui
 int32_t rx_sampler_sample_cands (const struct rx_sampling *p, uint64_t *state, const float *probs,
                                  const int32_t *ids, int32_t k, int32_t n_vocab);
 
+/* Device candidates of a row with penalties (the scheduler's penalized
+ * candidate rows): the device computed the k candidates of the
+ * UNPENALIZED row at temperature t; tok[0..m) are those k ids first, in
+ * their order, then the other tokens the penalties touch; raw[q] and
+ * pen[q] their logits before and after the penalties (rx_penalties_apply);
+ * p1 the first candidate's probability.  The row's mass is 1 / p1 in units
+ * of exp((l - raw[0]) / t); each moved token changes it by
+ * exp((pen - raw[0]) / t) - exp((raw - raw[0]) / t).  Every token outside
+ * tok has a logit <= raw[k-1] and keeps it, so the unmoved candidates and
+ * the moved tokens now above raw[k-1], sorted (larger penalized logit,
+ * then lower id), are the head of the penalized row's order: written to
+ * ids / probs (the penalized softmax at t, over the whole row; up to float
+ * rounding at a near-tie), their count returned, for
+ * rx_sampler_sample_cands.  -1 (read the whole row): NaN or +inf logits,
+ * p1 not a normal positive float, t <= 0, m < k, no head, or a mass left
+ * under 1e-3 of the row's (the penalties took nearly all of it: the
+ * difference would be mostly rounding) or not finite.  scratch: m
+ * entries; pen may be probs (read before written). */
+struct rx_cand_pair {
+    float   l;
+    int32_t id;
+};
+int32_t rx_cands_penalized (const int32_t *tok, const float *raw, const float *pen, int32_t m, int32_t k, float p1,
+                            float t, int32_t *ids, float *probs, struct rx_cand_pair *scratch);
+
 /* Penalties on a row of raw logits, before temperature (OpenAI / vLLM
  * semantics): for every token of the output so far, logit -= frequency *
  * count + presence; for every distinct token of the prompt or the output,

@@ -98,6 +98,7 @@ struct rx_sched {
     int dev_sample;              /* draw plain sampled rows from device candidates (and
                                   * logprobs at temperature 1 from them: s_cand_row) */
     int32_t k_cand;              /* candidates per row: sampling_candidates, at most n_vocab */
+    int pen_cand;                /* penalized rows too (the engine can gather logits: s_pen_gather) */
 
     struct s_list waiting, running, zombies, to_free;
     struct s_req *chunked;       /* mid-prompt request (holds a row and a lock) */
@@ -113,9 +114,16 @@ struct rx_sched {
     float *b_invt;               /* [cap_seq] 1 / temperature of a candidate row, else 0 */
     int32_t *b_crow;             /* [cap_seq] the row's candidate row, or -1 */
     uint8_t *b_more;             /* [cap_seq] candidates not enough: fetch the row */
+    int32_t *b_goff, *b_gn;      /* [cap_seq] a penalized candidate row's gathered logits
+                                  * (g_*: offset, count; count 0: none) */
     float *c_probs;              /* [cap_c] this step's candidates (rx_engine_cands) */
     int32_t *c_ids;
     size_t cap_c;
+    /* penalized candidate rows (s_pen_gather, s_pen_draw), [cap_g] each */
+    int32_t *g_idx, *g_tok, *g_mid;   /* flat logits index, token, merged candidate id */
+    float *g_val, *g_p;               /* raw logit gathered, merged candidate probability */
+    size_t cap_g;
+    struct rx_cand_pair *g_sort;      /* s_pen_draw's sort scratch [cap_g] */
     size_t cap_tok, cap_seq, cap_slots;
     float *logits;
     size_t cap_logits;
@@ -369,9 +377,10 @@ rx_sched_t *rx_sched_new (struct rx_boot *boot, rx_engine_t *engine, const struc
     if (!(s->spool = rx_sample_pool_new (s->o.sampling_threads, s->n_vocab, err))) goto fail;
     s->dev_sample = s->o.device_sampling < 0 ? rx_engine_device_sampling (s->engine) : s->o.device_sampling;
     s->k_cand = s->o.sampling_candidates < s->n_vocab ? s->o.sampling_candidates : s->n_vocab;
+    s->pen_cand = s->dev_sample && rx_engine_can_gather (s->engine);
     if (s->dev_sample)
-        rx_log (RX_LOG_INFO, "scheduler: device sampling: sampled rows draw from their %d most likely tokens",
-                s->k_cand);
+        rx_log (RX_LOG_INFO, "scheduler: device sampling: sampled rows draw from their %d most likely tokens%s",
+                s->k_cand, s->pen_cand ? " (penalized rows too)" : "");
     s->mslots = malloc ((size_t) (s->ctx + 1) * sizeof *s->mslots);
     if (!s->mslots) {
         rx_err_set (err, RX_ENOMEM, "scheduler: out of memory");
@@ -419,7 +428,9 @@ void rx_sched_destroy (rx_sched_t **self_p)
     free (s->b_tokens); free (s->b_pos); free (s->b_q); free (s->b_kvs);
     free (s->b_slots); free (s->b_out); free (s->logits); free (s->items);
     free (s->b_ids); free (s->b_want); free (s->b_invt); free (s->b_crow); free (s->b_more);
+    free (s->b_goff); free (s->b_gn);
     free (s->c_probs); free (s->c_ids);
+    free (s->g_idx); free (s->g_tok); free (s->g_mid); free (s->g_val); free (s->g_p); free (s->g_sort);
     free (s->ent); free (s->ent_index); free (s->ent_ids); free (s->ent_lp);
     free (s->ent_top_lp); free (s->ent_top_ids);
     free (s);
@@ -1074,8 +1085,26 @@ struct s_draw {
     struct s_req *r;
     const float *raw;
     int ban;
-    const int32_t *tail;   /* s_draw_row */
+    const int32_t *tail;   /* s_draw_row: n_tail ids */
+    int32_t n_tail;
 };
+
+/* Sampling parameters that make a greedy draw (the argmax). */
+static int s_greedy (const struct rx_sampling_params *sp) { return sp->temperature <= 0 || sp->top_k == 1; }
+
+/* A request with penalties (neither plain greedy nor plain sampled). */
+static int s_penalized (const struct s_req *r) { return !r->g->plain_greedy && !r->g->plain_sample; }
+
+/* Whether a penalized row may take candidates: the tokens its penalties
+ * touch (the output's; with a repetition penalty the prompt's too) are
+ * few enough to gather instead of the row (s_pen_gather), a quarter of
+ * the vocabulary at most with the candidates. */
+static int s_pen_room (const rx_sched_t *s, const struct s_req *r)
+{
+    const int rep = r->g->pen.repetition != 1 && r->g->pen.repetition > 0;
+    const uint64_t touched = rep ? r->len : r->len - r->n_in;
+    return touched + (uint64_t) s->k_cand <= (uint64_t) s->n_vocab / 4;
+}
 
 /* Whether r's row gets device candidates this step instead of going to
  * the host whole: device sampling on, no penalties, no min_tokens ban, and
@@ -1089,16 +1118,16 @@ static int s_cand_row (const rx_sched_t *s, const struct s_req *r)
     const struct rx_sampling_params *sp = &r->g->req.sp;
     const uint32_t n_out = r->len - r->n_in;
     if (!s->dev_sample || (int64_t) n_out >= r->g->max_new || (int64_t) n_out < sp->min_tokens) return 0;
-    if (!sp->logprobs) return r->g->plain_sample;
+    if (!sp->logprobs) return r->g->plain_sample || (s->pen_cand && s_penalized (r) && s_pen_room (s, r));
     return sp->top_logprobs <= s->k_cand &&
            (r->g->plain_greedy || (r->g->plain_sample && r->g->samp.temperature == 1.f));
 }
 
 /* 1 / the temperature of a candidate row's softmax: 1 for a greedy row
- * (its candidates are for its logprobs; the device argmax is its token). */
+ * (candidates for its logprobs, or its penalized argmax). */
 static float s_cand_invt (const struct s_req *r)
 {
-    return r->g->plain_greedy ? 1.f : (float) (1.0 / (double) r->g->samp.temperature);
+    return s_greedy (&r->g->req.sp) ? 1.f : (float) (1.0 / (double) r->g->samp.temperature);
 }
 
 static int s_forward (rx_sched_t *s, int32_t all_decode, struct rx_err *err)
@@ -1120,9 +1149,11 @@ static int s_forward (rx_sched_t *s, int32_t all_decode, struct rx_err *err)
         cap_seq = n_seq + 64;
         void **const arr[] = { (void **) &s->b_q, (void **) &s->b_kvs, (void **) &s->b_out,
                                (void **) &s->b_ids, (void **) &s->b_want, (void **) &s->b_invt,
-                               (void **) &s->b_crow, (void **) &s->b_more };
+                               (void **) &s->b_crow, (void **) &s->b_more, (void **) &s->b_goff,
+                               (void **) &s->b_gn };
         const size_t size[] = { sizeof *s->b_q, sizeof *s->b_kvs, sizeof *s->b_out, sizeof *s->b_ids,
-                                sizeof *s->b_want, sizeof *s->b_invt, sizeof *s->b_crow, sizeof *s->b_more };
+                                sizeof *s->b_want, sizeof *s->b_invt, sizeof *s->b_crow, sizeof *s->b_more,
+                                sizeof *s->b_goff, sizeof *s->b_gn };
         if (s_grow_each (cap_seq, arr, size, sizeof arr / sizeof arr[0]))
             return rx_err_set (err, RX_ENOMEM, "scheduler: out of memory");
         s->cap_seq = cap_seq;
@@ -1211,10 +1242,10 @@ static int s_host_draw (const struct s_req *r, int *ban)
 /* r's next token from its raw logits row on the host: penalties, the
  * min_tokens ban, then the sampler, with w's scratch (any thread's: a row
  * depends only on its own request, generator state included).  tail: the
- * row's device candidates (k_cand ids) when its draw fell past them
+ * row's device candidates (n_tail ids) when its draw fell past them
  * (RX_CANDS_TAIL): they are banned and the rest of the row drawn from. */
 static int32_t s_draw_row (const rx_sched_t *s, struct s_req *r, const float *raw, int ban,
-                           const int32_t *tail, struct rx_sample_scratch *w)
+                           const int32_t *tail, int32_t n_tail, struct rx_sample_scratch *w)
 {
     const struct rx_sampling_params *sp = &r->g->req.sp;
     const int32_t V = s->n_vocab;
@@ -1227,7 +1258,7 @@ static int32_t s_draw_row (const rx_sched_t *s, struct s_req *r, const float *ra
         rx_logits_ban (row, V, sp->stop_ids, sp->n_stop_ids);
     }
     if (tail) {
-        rx_logits_ban (row, V, tail, (size_t) s->k_cand);
+        rx_logits_ban (row, V, tail, (size_t) n_tail);
         const int32_t a = rx_argmax (row, V);
         if (!isfinite (row[a])) return tail[0];   /* nothing past them after all (rounding) */
     }
@@ -1238,7 +1269,7 @@ static void s_draw_one (void *ctx, size_t i, struct rx_sample_scratch *w)
 {
     const rx_sched_t *s = ctx;
     struct s_draw *d = &s->draws[i];
-    d->r->drawn = s_draw_row (s, d->r, d->raw, d->ban, d->tail, w);
+    d->r->drawn = s_draw_row (s, d->r, d->raw, d->ban, d->tail, d->n_tail, w);
     d->r->has_drawn = 1;
 }
 
@@ -1252,6 +1283,114 @@ static int s_lp_cands (const rx_sched_t *s, const struct s_req *r, int32_t c, in
                               (int32_t) r->g->req.sp.top_logprobs, lp, top_ids, top_lp);
 }
 
+/* ------------------------------------------ penalized candidate rows --
+ * Penalties (frequency / presence / repetition) change the logits of the
+ * tokens they touch: the output's, with a repetition penalty the prompt's
+ * too -- a few, against the vocabulary.  A penalized row still takes the
+ * device's candidates of its unpenalized row (at its temperature), and
+ * after the forward the raw logits of the candidates and of every touched
+ * token are gathered on the device (rx_engine_logits_gather, one call a
+ * step).  Here rx_penalties_apply penalizes them exactly as the whole-row
+ * path would, and rx_cands_penalized (core/sampling.h) turns them into the
+ * head of the penalized row's order with its probabilities, which
+ * rx_sampler_sample_cands draws from as from any candidates (past them:
+ * the whole row with those ids banned); a greedy row takes the first.
+ * rx_cands_penalized's -1 (bad numbers, the mass nearly all penalized
+ * away) reads the whole row. */
+
+/* Room for n entries in every g_ array. */
+static int s_pen_room_g (rx_sched_t *s, size_t n)
+{
+    if (n <= s->cap_g) return 0;
+    size_t cap = s->cap_g ? s->cap_g : 1024;
+    while (cap < n) cap *= 2;
+    void **const arr[] = { (void **) &s->g_idx, (void **) &s->g_tok, (void **) &s->g_mid, (void **) &s->g_val,
+                           (void **) &s->g_p, (void **) &s->g_sort };
+    const size_t size[] = { sizeof *s->g_idx, sizeof *s->g_tok, sizeof *s->g_mid, sizeof *s->g_val,
+                            sizeof *s->g_p, sizeof *s->g_sort };
+    if (s_grow_each (cap, arr, size, sizeof arr / sizeof arr[0])) return -1;
+    s->cap_g = cap;
+    return 0;
+}
+
+/* Gathers the raw logits of every penalized candidate row of the step: its
+ * k candidates first (in their order), then each token its penalties
+ * touch that is not one of them.  b_gn[j] = 0: none (the row is fetched
+ * whole if it is drawn). */
+static int s_pen_gather (rx_sched_t *s, struct rx_err *err)
+{
+    const size_t V = (size_t) s->n_vocab, K = (size_t) s->k_cand;
+    uint32_t *mark = rx_sample_pool_scratch (s->spool)->pen_counts;   /* zeroed, left zeroed */
+    size_t ng = 0, k = 0;
+    for (size_t i = 0; i < s->batch.n; i++) {
+        struct s_req *r = s->batch.v[i];
+        if (r->n_kv + r->extend < r->len) continue;
+        const size_t j = k++;
+        s->b_gn[j] = 0;
+        if (s->b_crow[j] < 0 || !s_penalized (r) || (j + 1) * V > (size_t) INT32_MAX) continue;
+        const int rep = r->g->pen.repetition != 1 && r->g->pen.repetition > 0;
+        const uint32_t from = rep ? 0 : r->n_in;
+        if (s_pen_room_g (s, ng + K + (r->len - from)))
+            return rx_err_set (err, RX_ENOMEM, "scheduler: out of memory");
+        int32_t *tok = s->g_tok + ng;
+        const int32_t *cid = s->c_ids + (size_t) s->b_crow[j] * K;
+        size_t m = 0;
+        int bad = 0;
+        for (size_t q = 0; q < K; q++) {
+            if (cid[q] < 0 || (size_t) cid[q] >= V || mark[cid[q]]) bad = 1;   /* not the device's topk */
+            if (bad) break;
+            mark[cid[q]] = 1;
+            tok[m++] = cid[q];
+        }
+        for (uint32_t q = from; q < r->len && !bad; q++) {
+            const int32_t t = r->toks[q];
+            if (t < 0 || (size_t) t >= V || mark[t]) continue;
+            mark[t] = 1;
+            tok[m++] = t;
+        }
+        for (size_t q = 0; q < m; q++) {
+            mark[tok[q]] = 0;
+            s->g_idx[ng + q] = (int32_t) (j * V + (size_t) tok[q]);
+        }
+        if (bad) continue;
+        s->b_goff[j] = (int32_t) ng;
+        s->b_gn[j] = (int32_t) m;
+        ng += m;
+    }
+    return rx_engine_logits_gather (s->engine, s->g_idx, ng, s->g_val, err);
+}
+
+/* Penalized candidate row j (candidate row c): its token, or
+ * RX_CANDS_FULL / RX_CANDS_TAIL as rx_sampler_sample_cands; the merged
+ * candidates are left at g_mid + b_goff[j] (*n_m of them) for a tail
+ * draw. */
+static int32_t s_pen_draw (rx_sched_t *s, struct s_req *r, size_t j, int32_t c, int32_t *n_m)
+{
+    *n_m = 0;
+    const int32_t m = s->b_gn[j], K = s->k_cand;
+    if (m < K) return RX_CANDS_FULL;   /* not gathered */
+    const size_t off = (size_t) s->b_goff[j];
+    const int32_t *tok = s->g_tok + off;
+    const float *lv = s->g_val + off;
+    const float p1 = s->c_probs[(size_t) c * (size_t) K];
+    struct rx_sample_scratch *w = rx_sample_pool_scratch (s->spool);
+    float *row = w->row_buf;   /* only the gathered entries are read */
+    for (int32_t q = 0; q < m; q++) row[tok[q]] = lv[q];
+    rx_penalties_apply (row, s->n_vocab, &r->g->pen, r->toks, r->n_in, r->toks + r->n_in, r->len - r->n_in,
+                        w->pen_counts);
+    /* the penalized logits, in g_p for now */
+    float *lp = s->g_p + off;
+    for (int32_t q = 0; q < m; q++) lp[q] = row[tok[q]];
+    const int greedy = s_greedy (&r->g->req.sp);
+    int32_t *mid = s->g_mid + off;
+    const int32_t nh = rx_cands_penalized (tok, lv, lp, m, K, p1, greedy ? 1.f : r->g->samp.temperature, mid, lp,
+                                           s->g_sort + off);
+    if (nh <= 0) return RX_CANDS_FULL;
+    *n_m = nh;
+    if (greedy) return mid[0];
+    return rx_sampler_sample_cands (&r->g->samp, &r->rng, lp, mid, nh, s->n_vocab);
+}
+
 /* Draw every sampled row of the batch (the rows the walk in rx_sched_step
  * reaches, in its order of logits rows): a candidate row from its device
  * candidates here, on this thread (k_cand values each); the rest, and the
@@ -1261,6 +1400,10 @@ static int s_draw_all (rx_sched_t *s, struct rx_err *err)
 {
     size_t n = 0, k = 0, n_more = 0;
     const size_t V = (size_t) s->n_vocab, K = (size_t) s->k_cand;
+    if (s->pen_cand) {
+        int rc = s_pen_gather (s, err);
+        if (rc != RX_OK) return rc;
+    }
     for (size_t i = 0; i < s->batch.n; i++) {
         struct s_req *r = s->batch.v[i];
         r->has_drawn = 0;
@@ -1282,12 +1425,19 @@ static int s_draw_all (rx_sched_t *s, struct rx_err *err)
             continue;
         }
         if (c < 0) {
-            s->draws[n++] = (struct s_draw) { r, raw, ban, NULL };
+            s->draws[n++] = (struct s_draw) { r, raw, ban, NULL, 0 };
             continue;
         }
         const int32_t *ids = s->c_ids + (size_t) c * K;
-        const int32_t tok = rx_sampler_sample_cands (&r->g->samp, &r->rng, s->c_probs + (size_t) c * K,
-                                                     ids, (int32_t) K, s->n_vocab);
+        int32_t n_ids = (int32_t) K;
+        int32_t tok;
+        if (s_penalized (r)) {   /* its candidates corrected for its penalties */
+            tok = s_pen_draw (s, r, j, c, &n_ids);
+            if (tok == RX_CANDS_TAIL) ids = s->g_mid + s->b_goff[j];
+        } else {
+            tok = rx_sampler_sample_cands (&r->g->samp, &r->rng, s->c_probs + (size_t) c * K, ids, n_ids,
+                                           s->n_vocab);
+        }
         s->st_cand_rows++;
         if (tok >= 0) {
             r->drawn = tok;
@@ -1305,7 +1455,7 @@ static int s_draw_all (rx_sched_t *s, struct rx_err *err)
         if (lp) s->st_cand_lp_full++;
         if (tok == RX_CANDS_TAIL) s->st_cand_tail++;
         else s->st_cand_full++;
-        s->draws[n++] = (struct s_draw) { r, raw, ban, tok == RX_CANDS_TAIL ? ids : NULL };
+        s->draws[n++] = (struct s_draw) { r, raw, ban, tok == RX_CANDS_TAIL ? ids : NULL, n_ids };
     }
     if (n_more) {
         int rc = rx_engine_logits_rows (s->engine, s->logits, (int32_t) k, s->b_more, err);
@@ -1339,7 +1489,7 @@ static int s_sample (rx_sched_t *s, struct s_req *r, const float *raw, int32_t d
     } else if (r->has_drawn) {
         tok = r->drawn;
     } else {   /* not expected: s_draw_all draws every host row */
-        tok = s_draw_row (s, r, raw, ban, NULL, rx_sample_pool_scratch (s->spool));
+        tok = s_draw_row (s, r, raw, ban, NULL, 0, rx_sample_pool_scratch (s->spool));
     }
     r->has_drawn = 0;
     if (s_push_token (r, tok)) {

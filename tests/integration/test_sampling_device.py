@@ -16,6 +16,9 @@ host-visible, so `auto` would leave it off), OFF has device_sampling = off
     tail path), logprobs at T 0.8 (the host path), n = 2 and streaming
     complete with valid text, and /metrics counts the candidate rows by
     outcome (candidates / full / tail) on ON and none on OFF;
+  - penalized greedy and top_k rows (frequency / presence / repetition)
+    draw from candidates corrected for their penalties: the same text as
+    OFF, counted as candidate rows;
   - logprobs of greedy and temperature-1 rows come from candidates at
     temperature 1 on ON: the same tokens and logprobs (within float
     rounding) as OFF's whole rows, counted by
@@ -214,6 +217,18 @@ def same_logprobs(a, b, what):
         eq(sorted(ta), sorted(tb), "%s: top_logprobs[%d] tokens" % (what, i))
         for k in ta:
             expect(abs(ta[k] - tb[k]) <= 1e-4, "%s: top_logprobs[%d][%r] %r vs %r" % (what, i, k, ta[k], tb[k]))
+
+
+@test
+def test_penalties_from_candidates():
+    before = settled(ON)
+    for what, kw in (("greedy, presence -1.5", dict(temperature=0, presence_penalty=-1.5)),
+                     ("greedy, repetition 1.8", dict(temperature=0, repetition_penalty=1.8)),
+                     ("top_k 5, frequency 1", dict(temperature=1.0, top_k=5, frequency_penalty=1.0, seed=23))):
+        eq(one(ON, what + " on", **kw), one(OFF, what + " off", **kw), "%s: text on vs off" % what)
+    d = delta(settled(ON), before)
+    diag("penalized rows: %s" % d)
+    eq(sum(d.values()), 3 * MAX, "penalized rows counted as candidate rows")
 
 
 @test

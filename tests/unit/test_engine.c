@@ -17,6 +17,7 @@
 #include "gguf.h"
 #include "gguf_writer.h"
 #include "loader.h"
+#include "log.h"
 #include "../testutil.h"
 
 static char *s_model (const char *name)
@@ -716,6 +717,59 @@ Test (engine, forward_ids_argmax_on_the_device_and_wanted_rows_only)
     cr_assert (strstr (err.msg, "no logits buffer"), "%s", err.msg);
     free (all);
     free (some);
+    rx_engine_destroy (&e);
+    rx_boot_close (&b);
+    free (m);
+}
+
+/* rx_engine_logits_gather: after a forward, the logits at flat indices
+ * (row j, token t: j * n_vocab + t) of its output rows, in any order and
+ * with repeats, equal the plain forward's; an index past the rows'
+ * storage is refused with one line; nothing asked, nothing done. */
+Test (engine, logits_gather_reads_single_logits_of_the_last_step)
+{
+    struct rx_boot b;
+    char *m = s_model ("tiny-llama.gguf");
+    rx_engine_t *e = s_engine (&b, NULL, m, 64, 16);
+    struct rx_err err = { 0 };
+    const int V = 32000;
+    cr_assert (rx_engine_can_gather (e), "kernels-cpu has gather_rows");
+    int32_t toks[3] = { 1, 450, 7483 }, slots[3] = { 0, 1, 2 }, pos[3] = { 0, 1, 2 };
+    int32_t qs[2] = { 0, 3 }, ks[2] = { 0, 3 }, out_rows[3] = { 0, 1, 2 };
+    struct rx_model_batch bt = { .struct_size = sizeof bt, .n_tokens = 3, .tokens = toks, .pos = pos,
+                                 .n_seq = 1, .q_start = qs, .kv_start = ks, .kv_slots = slots,
+                                 .n_out = 3, .out_rows = out_rows };
+    float *all = malloc (3 * V * sizeof (float));
+    cr_assert_eq (rx_engine_forward (e, &bt, all, &err), RX_OK, "%s", err.msg);
+    /* 5000 indices (past the first scratch size), every row, repeats */
+    enum { N = 5000 };
+    int32_t *idx = malloc (N * sizeof *idx);
+    float *got = malloc (N * sizeof *got);
+    uint64_t x = 12345;
+    for (int i = 0; i < N; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        idx[i] = (int32_t) ((x >> 33) % (3u * V));
+    }
+    idx[0] = 0;
+    idx[1] = 3 * V - 1;
+    idx[2] = idx[3];
+    cr_assert_eq (rx_engine_logits_gather (e, idx, N, got, &err), RX_OK, "%s", err.msg);
+    for (int i = 0; i < N; i++) cr_assert_eq (got[i], all[idx[i]], "index %d (%d)", i, idx[i]);
+    /* after the next forward they are that step's */
+    toks[2] = 900;
+    cr_assert_eq (rx_engine_forward (e, &bt, all, &err), RX_OK, "%s", err.msg);
+    cr_assert_eq (rx_engine_logits_gather (e, idx, 64, got, &err), RX_OK, "%s", err.msg);
+    for (int i = 0; i < 64; i++) cr_assert_eq (got[i], all[idx[i]], "step 2, index %d", i);
+    cr_assert_eq (rx_engine_logits_gather (e, idx, 0, NULL, &err), RX_OK, "nothing asked");
+    idx[7] = 3 * V;   /* one past the three rows the engine holds */
+    cr_assert_eq (rx_engine_logits_gather (e, idx, 8, got, &err), RX_EINVAL);
+    cr_assert (strstr (err.msg, "logits gather") && strstr (err.msg, "outside"), "%s", err.msg);
+    idx[7] = -1;
+    cr_assert_eq (rx_engine_logits_gather (e, idx, 8, got, &err), RX_EINVAL);
+    cr_assert_eq (rx_engine_logits_gather (e, NULL, 8, got, &err), RX_EINVAL);
+    free (idx);
+    free (got);
+    free (all);
     rx_engine_destroy (&e);
     rx_boot_close (&b);
     free (m);

@@ -865,3 +865,139 @@ Test (sampling_cands, logprobs_from_candidates_equal_the_rows)
     cr_assert_eq (rx_logprobs_cands (probs, ids, K, 42, 2, &lp, NULL, NULL), -1, "the second underflowed");
     free (x);
 }
+
+/* The order of a penalized row: larger logit, then lower id. */
+static const float *s_pen_row;
+static int s_cmp_pen (const void *a, const void *b)
+{
+    const int32_t i = *(const int32_t *) a, j = *(const int32_t *) b;
+    const float x = s_pen_row[i], y = s_pen_row[j];
+    if (x != y) return x > y ? -1 : 1;
+    return (i > j) - (i < j);
+}
+
+/* rx_cands_penalized against the whole penalized row: the device's
+ * candidates of the unpenalized row (float softmax at t), the touched
+ * tokens' logits before and after rx_penalties_apply, as the scheduler
+ * gathers them; the head it returns is the head of the penalized row's
+ * order and its probabilities the penalized softmax (double) within
+ * float rounding. */
+Test (sampling_cands, penalized_candidates_are_the_head_of_the_penalized_row)
+{
+    enum { V = 1000, K = 32, NP = 40, NO = 30 };
+    float *x = malloc (V * sizeof *x), *px = malloc (V * sizeof *px), probs[K];
+    int32_t *order = malloc (V * sizeof *order), cids[K];
+    uint32_t *counts = calloc (V, sizeof *counts);
+    cr_assert (x && px && order && counts);
+    static const float ts[] = { 0.7f, 1.0f, 1.5f };
+    static const struct rx_penalties pens[] = {
+        { 0.5f, 0, 1 }, { 0, 1.0f, 1 }, { 0, 0, 1.8f }, { 0.3f, 0.2f, 1.3f }, { -0.4f, 0, 1 }, { 2.0f, 3.0f, 0.6f },
+    };
+    int checked = 0, heads = 0;
+    for (int it = 0; it < 36; it++) {
+        const float t = ts[it % 3];
+        const struct rx_penalties *pen = &pens[(it / 3) % 6];
+        s_cl = 500 + (uint64_t) it;
+        s_crow (x, V, it % 2 ? 2.0 : 1.0);
+        x[5] = x[17] = -INFINITY;
+        int32_t prompt[NP], out[NO];
+        for (int i = 0; i < NP; i++) prompt[i] = (int32_t) (s_cunif () * V) % V;
+        for (int i = 0; i < NO; i++) out[i] = i < 6 ? -1 : (int32_t) (s_cunif () * 60) % 60;   /* repeats */
+        out[0] = 3;
+        out[1] = 3;   /* the best tokens get hit: s_crow's top is random */
+        s_cands (x, V, t, K, probs, cids);
+        out[2] = cids[0];
+        out[3] = cids[0];
+        out[4] = cids[1];
+        out[5] = V + 7;   /* outside the vocabulary: ignored */
+        /* the whole penalized row, its order and softmax */
+        memcpy (px, x, V * sizeof *px);
+        rx_penalties_apply (px, V, pen, prompt, NP, out, NO, counts);
+        for (int32_t i = 0; i < V; i++) order[i] = i;
+        s_pen_row = px;
+        qsort (order, V, sizeof *order, s_cmp_pen);
+        double mx = px[order[0]], z = 0;
+        for (int32_t i = 0; i < V; i++) z += exp (((double) px[i] - mx) / t);
+        /* what the scheduler gathers: the candidates, then the touched tokens */
+        int32_t tok[K + NP + NO], m = 0;
+        float raw[K + NP + NO], pl[K + NP + NO];
+        for (int q = 0; q < K; q++) tok[m++] = cids[q];
+        const int rep = pen->repetition != 1;
+        for (int pass = rep ? 0 : 1; pass < 2; pass++)
+            for (int i = 0; i < (pass ? NO : NP); i++) {
+                const int32_t id = pass ? out[i] : prompt[i];
+                int seen = id < 0 || id >= V;
+                for (int32_t q = 0; q < m && !seen; q++) seen = tok[q] == id;
+                if (!seen) tok[m++] = id;
+            }
+        for (int32_t q = 0; q < m; q++) {
+            raw[q] = x[tok[q]];
+            pl[q] = px[tok[q]];
+        }
+        int32_t hid[K + NP + NO];
+        float hp[K + NP + NO];
+        struct rx_cand_pair scratch[K + NP + NO];
+        const int32_t nh = rx_cands_penalized (tok, raw, pl, m, K, probs[0], t, hid, hp, scratch);
+        cr_assert_gt (nh, 0, "iteration %d", it);
+        for (int32_t q = 0; q < nh; q++) {
+            cr_assert_eq (hid[q], order[q], "iteration %d (t %g, penalties %d): head %d is %d, the row's %d", it, t,
+                          (it / 3) % 6, q, hid[q], order[q]);
+            const double want = exp (((double) px[order[q]] - mx) / t) / z;
+            cr_assert (fabs (hp[q] - want) <= 2e-5 * want + 1e-9, "iteration %d head %d: p %g, want %g", it, q, hp[q],
+                       want);
+            checked++;
+        }
+        heads += nh;
+        /* pen may be the probabilities' array (the scheduler's way) */
+        memcpy (hp, pl, (size_t) m * sizeof *hp);
+        cr_assert_eq (rx_cands_penalized (tok, raw, hp, m, K, probs[0], t, hid, hp, scratch), nh);
+        cr_assert_eq (hid[0], order[0]);
+    }
+    cr_log_info ("penalized candidates: %d heads checked, %.1f long on average", checked, heads / 36.0);
+    /* what gives -1 */
+    s_cl = 77;
+    s_crow (x, V, 1.0);
+    s_cands (x, V, 1.0f, K, probs, cids);
+    int32_t tok[K + 1], hid[K + 1];
+    float raw[K + 1], pl[K + 1], hp[K + 1];
+    struct rx_cand_pair scratch[K + 1];
+    for (int q = 0; q < K; q++) {
+        tok[q] = cids[q];
+        raw[q] = pl[q] = x[cids[q]];
+    }
+    cr_assert_eq (rx_cands_penalized (tok, raw, pl, K, K, probs[0], 1.0f, hid, hp, scratch), K, "nothing moved: the candidates");
+    cr_assert_eq (rx_cands_penalized (tok, raw, pl, K - 1, K, probs[0], 1.0f, hid, hp, scratch), -1, "m < k");
+    cr_assert_eq (rx_cands_penalized (tok, raw, pl, K, K, 0.f, 1.0f, hid, hp, scratch), -1, "p1 0");
+    cr_assert_eq (rx_cands_penalized (tok, raw, pl, K, K, probs[0], 0.f, hid, hp, scratch), -1, "t 0");
+    pl[3] = NAN;
+    cr_assert_eq (rx_cands_penalized (tok, raw, pl, K, K, probs[0], 1.0f, hid, hp, scratch), -1, "NaN");
+    pl[3] = INFINITY;
+    cr_assert_eq (rx_cands_penalized (tok, raw, pl, K, K, probs[0], 1.0f, hid, hp, scratch), -1, "+inf");
+    pl[3] = raw[3];
+    pl[0] = raw[0] + 1e4f;   /* boosted past exp's range */
+    cr_assert_eq (rx_cands_penalized (tok, raw, pl, K, K, probs[0], 1.0f, hid, hp, scratch), -1, "overflow");
+    /* a peaked row whose best token holds all but 1e-6 of the mass, then
+     * penalized away: what is left is under 1e-3 of the row */
+    for (int32_t i = 0; i < V; i++) x[i] = i == 9 ? 30.f : 0.f;
+    s_cands (x, V, 1.0f, K, probs, cids);
+    for (int q = 0; q < K; q++) {
+        tok[q] = cids[q];
+        raw[q] = pl[q] = x[cids[q]];
+    }
+    cr_assert_eq (tok[0], 9);
+    pl[0] = -100.f;
+    cr_assert_eq (rx_cands_penalized (tok, raw, pl, K, K, probs[0], 1.0f, hid, hp, scratch), -1, "mass penalized away");
+    /* every candidate penalized below the k-th: no head */
+    for (int32_t i = 0; i < V; i++) x[i] = (float) -i * 0.01f;
+    s_cands (x, V, 1.0f, K, probs, cids);
+    for (int q = 0; q < K; q++) {
+        tok[q] = cids[q];
+        raw[q] = x[cids[q]];
+        pl[q] = raw[q] - 0.5f;
+    }
+    cr_assert_eq (rx_cands_penalized (tok, raw, pl, K, K, probs[0], 1.0f, hid, hp, scratch), -1, "no head");
+    free (x);
+    free (px);
+    free (order);
+    free (counts);
+}

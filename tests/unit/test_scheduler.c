@@ -1352,13 +1352,14 @@ Test (scheduler, sampling_threads_draw_the_same_tokens)
 
 /* ------------------------------------------------- device sampling -- *
  * [scheduler] device_sampling = on, forced on kernels-cpu: a sampled row
- * without penalties, logprobs or a min_tokens ban draws from the device's
- * sampling_candidates most likely tokens (rx_sampler_sample_cands).  Rows
- * that keep the host path (greedy, penalties, logprobs, a min_tokens ban)
- * must give the very same tokens as with device sampling off; top_k rows
- * with top_k <= sampling_candidates draw the host sampler's token (the
- * same uniform, a cut inside the candidates); plain and top_p rows draw
- * from the same distribution but not the same tokens -- only seeded
+ * without logprobs or a min_tokens ban draws from the device's
+ * sampling_candidates most likely tokens (rx_sampler_sample_cands; with
+ * penalties, corrected for them: rx_cands_penalized).  Rows that keep the
+ * host path (greedy, logprobs at T != 1, a min_tokens ban) must give the
+ * very same tokens as with device sampling off; top_k rows with top_k <=
+ * sampling_candidates draw the host sampler's token (the same uniform, a
+ * cut inside the candidates), penalized ones too; plain and top_p rows
+ * draw from the same distribution but not the same tokens -- only seeded
  * reproducibility is asserted for them. */
 
 enum { DS_NQ = 16, DS_NP = 9, DS_NG = 12 };
@@ -1370,7 +1371,7 @@ static void s_tw_ds (struct rx_request *r)
     r->sp.seed = 7000 + (uint64_t) i;
     switch (i % 8) {
     case 0: r->sp.temperature = 0; break;                                          /* greedy */
-    case 1: r->sp.temperature = 1.1f; r->sp.frequency_penalty = 0.4f; break;        /* penalized */
+    case 1: r->sp.temperature = 1.1f; r->sp.frequency_penalty = 0.4f; r->sp.top_k = 30; break;   /* penalized */
     case 2: r->sp.temperature = 0.9f; r->sp.logprobs = 1; r->sp.top_logprobs = 5; break;
     case 3: r->sp.temperature = 1.0f; r->sp.min_tokens = DS_NG; break;              /* banned throughout */
     case 4: r->sp.temperature = 0.8f; r->sp.top_k = 20; break;                       /* candidates */
@@ -1382,7 +1383,10 @@ static void s_tw_ds (struct rx_request *r)
 /* rows that must draw exactly what the host path draws */
 static int s_ds_same (int i) { return i % 8 <= 5; }
 /* requests (times their n) that take the candidate path every step */
-static int s_ds_cand (int i) { return i % 8 == 4 || i % 8 == 5 || i % 8 == 7 ? 1 : i % 8 == 6 ? 3 : 0; }
+static int s_ds_cand (int i)
+{
+    return i % 8 == 1 || i % 8 == 4 || i % 8 == 5 || i % 8 == 7 ? 1 : i % 8 == 6 ? 3 : 0;
+}
 
 static void s_ds_run (struct env *e, int32_t ds, int32_t k, int32_t (*p)[DS_NP], void (*tw) (struct rx_request *),
                       struct run *run, struct rx_sched_stats *st)
@@ -1579,6 +1583,87 @@ Test (scheduler, device_sampling_logprobs_at_temperature_one_from_candidates)
     cr_log_info ("logprobs from candidates: %llu rows, %llu read whole", (unsigned long long) st[1].cand_lp_rows,
                  (unsigned long long) st[1].cand_lp_full);
     for (int m = 0; m < 3; m++) free (run[m]);
+    s_env_close (&e);
+}
+
+/* Penalized rows from candidates (rx_cands_penalized): greedy and top_k
+ * rows with frequency / presence / repetition penalties and boosts draw
+ * exactly the host path's tokens with 64 candidates; with 4 (the head
+ * often empty or short: whole rows, where a sampled row draws a second
+ * uniform) greedy rows still do; and the penalties do change the text
+ * (else this would test nothing).  (exp's overflow under a boost at a low
+ * temperature, and a mass penalized away: test_sampling.) */
+static int s_pen_plain;   /* 1: the same requests without their penalties */
+static int s_greedy_kind (int i) { return i % 8 <= 2 || i % 8 == 6; }
+static void s_tw_pen (struct rx_request *r)
+{
+    const int i = s_ds_i;
+    r->sp.has_seed = 1;
+    r->sp.seed = 5100 + (uint64_t) i;
+    switch (i % 8) {
+    case 0: r->sp.temperature = 0; r->sp.frequency_penalty = -1.0f; break;                    /* boosts */
+    case 1: r->sp.temperature = 0; r->sp.repetition_penalty = 0.5f; break;
+    case 2: r->sp.temperature = 0; r->sp.presence_penalty = -1.5f; break;
+    case 3: r->sp.temperature = 1.0f; r->sp.top_k = 10; r->sp.presence_penalty = 1.0f; break;
+    case 4: r->sp.temperature = 0.7f; r->sp.top_k = 40; r->sp.repetition_penalty = 1.5f; r->sp.frequency_penalty = 0.5f;
+            break;
+    case 5: r->sp.temperature = 1.2f; r->sp.frequency_penalty = 1.0f; break;                  /* plain: other draws */
+    case 6: r->sp.temperature = 0; r->sp.presence_penalty = -2.0f; r->sp.frequency_penalty = 2.0f;   /* net +2 x count - 2 */
+            r->sp.repetition_penalty = 0.7f; break;
+    case 7: r->sp.temperature = 0.5f; r->sp.top_k = 5; r->sp.frequency_penalty = -2.0f; break;
+    }
+    if (s_pen_plain) r->sp.frequency_penalty = r->sp.presence_penalty = 0, r->sp.repetition_penalty = 1;
+}
+
+Test (scheduler, device_sampling_penalized_rows_from_candidates)
+{
+    struct env e;
+    s_env_open (&e);
+    int32_t p[DS_NQ][DS_NP];
+    s_ds_prompts (p, 8484);
+    /* off, on with 64 candidates, on again, on with 4, off without penalties */
+    static const int32_t ds[] = { 0, 1, 1, 1, 0 }, ks[] = { 64, 64, 64, 4, 64 };
+    struct run *run[5];
+    struct rx_sched_stats st[5];
+    for (int m = 0; m < 5; m++) {
+        run[m] = calloc (1, sizeof *run[m]);
+        s_pen_plain = m == 4;
+        s_ds_run (&e, ds[m], ks[m], p, s_tw_pen, run[m], &st[m]);
+    }
+    s_pen_plain = 0;
+    cr_assert_eq (st[0].cand_rows, 0);
+    cr_assert_eq (st[1].cand_rows, (uint64_t) DS_NQ * DS_NG, "every penalized row took candidates: %llu",
+                  (unsigned long long) st[1].cand_rows);
+    cr_assert_eq (st[3].cand_rows, (uint64_t) DS_NQ * DS_NG);
+    /* with 4 candidates the head is often empty or too short: whole rows */
+    cr_assert_gt (st[3].cand_full + st[3].cand_tail, 0);
+    cr_assert_eq (st[2].cand_full, st[1].cand_full);
+    cr_assert_eq (st[2].cand_tail, st[1].cand_tail);
+    int changed = 0;
+    for (int i = 0; i < DS_NQ; i++) {
+        struct res *off = s_res (run[0], 100 + (uint64_t) i, 0);
+        for (int m = 1; m < 4; m++) {
+            struct res *r = s_res (run[m], 100 + (uint64_t) i, 0);
+            cr_assert_eq (r->n, DS_NG, "mode %d request %d", m, i);
+            for (int t = 0; t < DS_NG; t++) cr_assert (r->ids[t] >= 0 && r->ids[t] < e.V);
+            if (i % 8 != 5 && (m < 3 || s_greedy_kind (i)))   /* whole rows draw a second uniform */
+                for (int t = 0; t < DS_NG; t++)
+                    cr_assert_eq (r->ids[t], off->ids[t], "mode %d request %d (kind %d) token %d: %d, host %d", m, i,
+                                  i % 8, t, r->ids[t], off->ids[t]);
+        }
+        cr_assert_arr_eq (s_res (run[1], 100 + (uint64_t) i, 0)->ids, s_res (run[2], 100 + (uint64_t) i, 0)->ids,
+                          sizeof off->ids[0] * DS_NG, "request %d: reproducible", i);
+        if (i % 8 != 5)   /* the penalties' own effect (5: other draws anyway) */
+            changed += memcmp (off->ids, s_res (run[4], 100 + (uint64_t) i, 0)->ids, sizeof off->ids[0] * DS_NG) != 0;
+    }
+    /* the random model's logits are far apart: penalties of at most 2 move
+     * the argmax or a top_k draw of about half of these requests */
+    cr_assert_geq (changed, 5, "the penalties changed only %d of 14 texts", changed);
+    cr_log_info ("penalized rows: %llu from candidates (%llu full, %llu tail); with 4: %llu full, %llu tail",
+                 (unsigned long long) st[1].cand_rows, (unsigned long long) st[1].cand_full,
+                 (unsigned long long) st[1].cand_tail, (unsigned long long) st[3].cand_full,
+                 (unsigned long long) st[3].cand_tail);
+    for (int m = 0; m < 5; m++) free (run[m]);
     s_env_close (&e);
 }
 
