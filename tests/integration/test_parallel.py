@@ -7,7 +7,11 @@ ranks) and one kernel thread per rank:
   those of a tp_size 1 daemon (the reference, started once for the file),
   also for 8 concurrent requests; one scheduler process per rank, named
   after it.
-  The same with decode steps replayed as (emulated) graphs.
+  The same with decode steps replayed as (emulated) graphs.  With
+  [scheduler] device_sampling on (penalized rows and logprobs from
+  candidates, the penalized rows' logits gathered on every rank) and
+  check_determinism, the ranks draw alike and greedy / top_k rows equal
+  the same daemon's host path.
 - dp_size 2 ([dp] policy round_robin), and dp_size 2 x tp_size 2: the same
   outputs, both replicas served, the KV total the sum of the replicas'.
 - a rank killed under load: radixd exits non-zero naming it, the requests
@@ -43,8 +47,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from rxtest import (Daemon, Fail, _proc_stat, diag, eq, expect, in_thread, proc_name, run,  # noqa: E402
-                    shared_path, short, stream_json, test, wait_until)
+from rxtest import (Daemon, Fail, _proc_stat, diag, eq, expect, in_thread, parse_metrics, proc_name,  # noqa: E402
+                    run, shared_path, short, stream_json, test, wait_until)
 import sibling_stop  # noqa: E402
 
 PROMPTS = [
@@ -321,6 +325,54 @@ def test_tp2_graphs():
     # both ranks run the same batch and replay the same decode graph with
     # comm-shm's all-reduces captured inside
     graphs_test("tpgraph", sections(tp_size=2, comm="shm"), "tensor-parallel", 4)
+
+
+@test
+def test_tp2_device_sampling():
+    # both ranks take the candidate paths (a penalized row's logits are
+    # gathered on each); check_determinism stops the daemon if they draw
+    # differently.  The reference is a tp2 daemon with device sampling off:
+    # the same logits bit for bit, so greedy and top_k rows must agree.
+    on_s = sections(tp_size=2, comm="shm", check_determinism="true")
+    on_s["scheduler"] = {"device_sampling": "on"}
+    off_s = sections(tp_size=2, comm="shm")
+    off_s["scheduler"] = {"device_sampling": "off"}
+    on = Daemon("tiny", name="tp2-ds-on", sections=on_s)
+    off = Daemon("tiny", name="tp2-ds-off", sections=off_s)
+    try:
+        on.start().wait_healthy()
+        off.start().wait_healthy()
+        kinds = [("greedy, repetition 1.8", dict(temperature=0, repetition_penalty=1.8), True),
+                 ("top_k 5, frequency 1", dict(temperature=1.0, top_k=5, frequency_penalty=1.0, seed=11), True),
+                 ("greedy, logprobs", dict(temperature=0, logprobs=2), True),
+                 ("top_p 0.9, presence 0.5", dict(temperature=0.9, top_p=0.9, presence_penalty=0.5, seed=5), False)]
+
+        def body(p, kw):
+            b = {"prompt": p, "max_tokens": NTOK, "ignore_eos": True}
+            b.update(kw)
+            return b
+
+        # all at once on the ranks under test, one by one on the reference
+        hs = [(what, kw, same, p, in_thread(on.ok_json, "POST", "/v1/completions", body(p, kw)))
+              for what, kw, same in kinds for p in PROMPTS[:3]]
+        for what, kw, same, p, h in hs:
+            a = h.result(timeout=120)["choices"][0]
+            eq(a["finish_reason"], "length", "tp2 device sampling, %s, %r: finish_reason" % (what, p))
+            if same:
+                b = off.ok_json("POST", "/v1/completions", body(p, kw))["choices"][0]
+                eq(a["text"], b["text"], "tp2 %s, %r: device sampling on vs off" % (what, p))
+
+        def lp_rows():
+            m = parse_metrics(on.get("/metrics").body.decode("utf-8"))
+            return int(m.get('radix_device_logprobs_rows_total{outcome="candidates"}', 0))
+        # /metrics shows the periodic stats (1 s)
+        expect(wait_until(lambda: lp_rows() > 0, 5), "tp2: no logprob row from candidates in /metrics")
+        expect("diverged" not in on.log_text(), "ranks diverged: %s" % on.log_tail(10))
+        clean_stop(on, "tp2 device sampling on")
+        clean_stop(off, "tp2 device sampling off")
+    finally:
+        on.close()
+        off.close()
 
 
 # ---- data parallel ----------------------------------------------------------------
