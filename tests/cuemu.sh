@@ -24,6 +24,11 @@
 # libasan or libtsan) skips the models: 3-10x slower there, and compare
 # already runs every kernel under the sanitizer.
 #
+# Last, device sampling through radixd on the emulated backend
+# (tests/cuemu/sampling.py: penalized rows and logprobs from candidates
+# against a CPU radixd's host path, ~15 s; skipped in a sanitizer build
+# and without python3; CUEMU_SAMPLING=0 skips it).
+#
 # Environment: RX_TOP_BUILDDIR, RX_PLUGIN_BUILD_DIR (make check sets them);
 # CUEMU_TIMEOUT (seconds per run, default 900); CUEMU_SETS ("simple fast"
 # by default); CUEMU_MODELS (above).  A failure shows compare's FAIL lines and
@@ -43,7 +48,7 @@ mfilt=${CUEMU_MODELS:-}
 msan=
 [ -z "$mfilt" ] && [ -f "$emu" ] && ldd "$emu" 2>/dev/null | grep -qE 'lib[at]san' && msan=1
 
-n=0
+n=1
 for k in $sets; do n=$((n + 2)); done
 echo "1..$n"
 if [ ! -f "$emu" ] || [ ! -x "$cmp" ]; then
@@ -53,6 +58,7 @@ if [ ! -f "$emu" ] || [ ! -x "$cmp" ]; then
         echo "ok $((i + 2)) - models-ref $k # SKIP not built"
         i=$((i + 2))
     done
+    echo "ok $n - device-sampling # SKIP not built"
     exit 0
 fi
 
@@ -136,3 +142,25 @@ for k in $sets; do
         tail -3 "$log" | sed 's/^/# /'
     fi
 done
+
+# Device sampling through radixd (tests/cuemu/sampling.py).
+i=$((i + 1))
+src=$(cd "$(dirname "$0")" && pwd)
+if [ "${CUEMU_SAMPLING:-1}" = 0 ]; then
+    echo "ok $i - device-sampling # SKIP CUEMU_SAMPLING=0"
+elif [ -n "$msan" ]; then
+    echo "ok $i - device-sampling # SKIP sanitizer build"
+elif ! command -v python3 > /dev/null; then
+    echo "ok $i - device-sampling # SKIP no python3"
+else
+    t0=$(date +%s)
+    timeout "$limit" python3 "$src/cuemu/sampling.py" "$dir" > "$log" 2>&1
+    rc=$?
+    secs=$(( $(date +%s) - t0 ))
+    if [ $rc -eq 0 ]; then
+        echo "ok $i - device-sampling: $(tail -1 "$log") (${secs} s)"
+    else
+        echo "not ok $i - device-sampling: exit $rc (${secs} s)"
+        tail -15 "$log" | sed 's/^/# /'
+    fi
+fi
