@@ -1095,14 +1095,23 @@ static int s_greedy (const struct rx_sampling_params *sp) { return sp->temperatu
 /* A request with penalties (neither plain greedy nor plain sampled). */
 static int s_penalized (const struct s_req *r) { return !r->g->plain_greedy && !r->g->plain_sample; }
 
-/* Whether a penalized row may take candidates: the tokens its penalties
- * touch (the output's; with a repetition penalty the prompt's too) are
- * few enough to gather instead of the row (s_pen_gather), a quarter of
- * the vocabulary at most with the candidates. */
+/* Whether r's row is banned from EOS and its stop ids this step
+ * (min_tokens not reached). */
+static int s_banned (const struct s_req *r) { return (int64_t) (r->len - r->n_in) < r->g->req.sp.min_tokens; }
+
+/* A row whose logits the host corrects before the draw: penalties, or
+ * the min_tokens ban. */
+static int s_corrected (const struct s_req *r) { return s_penalized (r) || s_banned (r); }
+
+/* Whether a corrected row may take candidates: the tokens it touches (the
+ * output's; with a repetition penalty the prompt's too; banned EOS and
+ * stop ids) are few enough to gather instead of the row (s_pen_gather), a
+ * quarter of the vocabulary at most with the candidates. */
 static int s_pen_room (const rx_sched_t *s, const struct s_req *r)
 {
     const int rep = r->g->pen.repetition != 1 && r->g->pen.repetition > 0;
-    const uint64_t touched = rep ? r->len : r->len - r->n_in;
+    uint64_t touched = s_penalized (r) ? (rep ? r->len : r->len - r->n_in) : 0;
+    if (s_banned (r)) touched += 1 + (uint64_t) r->g->req.sp.n_stop_ids;
     return touched + (uint64_t) s->k_cand <= (uint64_t) s->n_vocab / 4;
 }
 
@@ -1117,7 +1126,9 @@ static int s_cand_row (const rx_sched_t *s, const struct s_req *r)
 {
     const struct rx_sampling_params *sp = &r->g->req.sp;
     const uint32_t n_out = r->len - r->n_in;
-    if (!s->dev_sample || (int64_t) n_out >= r->g->max_new || (int64_t) n_out < sp->min_tokens) return 0;
+    if (!s->dev_sample || (int64_t) n_out >= r->g->max_new) return 0;
+    if ((int64_t) n_out < sp->min_tokens)   /* banned: corrected, without logprobs */
+        return !sp->logprobs && s->pen_cand && s_pen_room (s, r);
     if (!sp->logprobs) return r->g->plain_sample || (s->pen_cand && s_penalized (r) && s_pen_room (s, r));
     return sp->top_logprobs <= s->k_cand &&
            (r->g->plain_greedy || (r->g->plain_sample && r->g->samp.temperature == 1.f));
@@ -1296,7 +1307,8 @@ static int s_lp_cands (const rx_sched_t *s, const struct s_req *r, int32_t c, in
  * rx_sampler_sample_cands draws from as from any candidates (past them:
  * the whole row with those ids banned); a greedy row takes the first.
  * rx_cands_penalized's -1 (bad numbers, the mass nearly all penalized
- * away) reads the whole row. */
+ * away) reads the whole row.  A min_tokens ban is one more correction of
+ * the same kind: EOS and the stop ids gathered and set to -inf. */
 
 /* Room for n entries in every g_ array. */
 static int s_pen_room_g (rx_sched_t *s, size_t n)
@@ -1313,10 +1325,10 @@ static int s_pen_room_g (rx_sched_t *s, size_t n)
     return 0;
 }
 
-/* Gathers the raw logits of every penalized candidate row of the step: its
- * k candidates first (in their order), then each token its penalties
- * touch that is not one of them.  b_gn[j] = 0: none (the row is fetched
- * whole if it is drawn). */
+/* Gathers the raw logits of every corrected candidate row of the step
+ * (penalties, a min_tokens ban): its k candidates first (in their order),
+ * then each token its penalties or ban touch that is not one of them.
+ * b_gn[j] = 0: none (the row is fetched whole if it is drawn). */
 static int s_pen_gather (rx_sched_t *s, struct rx_err *err)
 {
     const size_t V = (size_t) s->n_vocab, K = (size_t) s->k_cand;
@@ -1327,10 +1339,12 @@ static int s_pen_gather (rx_sched_t *s, struct rx_err *err)
         if (r->n_kv + r->extend < r->len) continue;
         const size_t j = k++;
         s->b_gn[j] = 0;
-        if (s->b_crow[j] < 0 || !s_penalized (r) || (j + 1) * V > (size_t) INT32_MAX) continue;
+        if (s->b_crow[j] < 0 || !s_corrected (r) || (j + 1) * V > (size_t) INT32_MAX) continue;
         const int rep = r->g->pen.repetition != 1 && r->g->pen.repetition > 0;
-        const uint32_t from = rep ? 0 : r->n_in;
-        if (s_pen_room_g (s, ng + K + (r->len - from)))
+        const uint32_t from = !s_penalized (r) ? r->len : rep ? 0 : r->n_in;
+        const struct rx_sampling_params *sp = &r->g->req.sp;
+        const size_t n_ban = s_banned (r) ? 1 + sp->n_stop_ids : 0;
+        if (s_pen_room_g (s, ng + K + (r->len - from) + n_ban))
             return rx_err_set (err, RX_ENOMEM, "scheduler: out of memory");
         int32_t *tok = s->g_tok + ng;
         const int32_t *cid = s->c_ids + (size_t) s->b_crow[j] * K;
@@ -1342,8 +1356,8 @@ static int s_pen_gather (rx_sched_t *s, struct rx_err *err)
             mark[cid[q]] = 1;
             tok[m++] = cid[q];
         }
-        for (uint32_t q = from; q < r->len && !bad; q++) {
-            const int32_t t = r->toks[q];
+        for (size_t q = from; q < r->len + n_ban && !bad; q++) {
+            const int32_t t = q < r->len ? r->toks[q] : q == r->len ? s->o.eos_id : sp->stop_ids[q - r->len - 1];
             if (t < 0 || (size_t) t >= V || mark[t]) continue;
             mark[t] = 1;
             tok[m++] = t;
@@ -1378,6 +1392,10 @@ static int32_t s_pen_draw (rx_sched_t *s, struct s_req *r, size_t j, int32_t c, 
     for (int32_t q = 0; q < m; q++) row[tok[q]] = lv[q];
     rx_penalties_apply (row, s->n_vocab, &r->g->pen, r->toks, r->n_in, r->toks + r->n_in, r->len - r->n_in,
                         w->pen_counts);
+    if (s_banned (r)) {   /* as s_draw_row: EOS and the stop ids to -inf */
+        if (s->o.eos_id >= 0) rx_logits_ban (row, s->n_vocab, &s->o.eos_id, 1);
+        rx_logits_ban (row, s->n_vocab, r->g->req.sp.stop_ids, r->g->req.sp.n_stop_ids);
+    }
     /* the penalized logits, in g_p for now */
     float *lp = s->g_p + off;
     for (int32_t q = 0; q < m; q++) lp[q] = row[tok[q]];
@@ -1431,7 +1449,7 @@ static int s_draw_all (rx_sched_t *s, struct rx_err *err)
         const int32_t *ids = s->c_ids + (size_t) c * K;
         int32_t n_ids = (int32_t) K;
         int32_t tok;
-        if (s_penalized (r)) {   /* its candidates corrected for its penalties */
+        if (s_corrected (r)) {   /* its candidates corrected for its penalties or ban */
             tok = s_pen_draw (s, r, j, c, &n_ids);
             if (tok == RX_CANDS_TAIL) ids = s->g_mid + s->b_goff[j];
         } else {

@@ -1354,8 +1354,8 @@ Test (scheduler, sampling_threads_draw_the_same_tokens)
  * [scheduler] device_sampling = on, forced on kernels-cpu: a sampled row
  * without logprobs or a min_tokens ban draws from the device's
  * sampling_candidates most likely tokens (rx_sampler_sample_cands; with
- * penalties, corrected for them: rx_cands_penalized).  Rows that keep the
- * host path (greedy, logprobs at T != 1, a min_tokens ban) must give the
+ * penalties or a min_tokens ban, corrected for them: rx_cands_penalized).
+ * Rows that keep the host path (greedy, logprobs at T != 1) must give the
  * very same tokens as with device sampling off; top_k rows with top_k <=
  * sampling_candidates draw the host sampler's token (the same uniform, a
  * cut inside the candidates), penalized ones too; plain and top_p rows
@@ -1373,7 +1373,7 @@ static void s_tw_ds (struct rx_request *r)
     case 0: r->sp.temperature = 0; break;                                          /* greedy */
     case 1: r->sp.temperature = 1.1f; r->sp.frequency_penalty = 0.4f; r->sp.top_k = 30; break;   /* penalized */
     case 2: r->sp.temperature = 0.9f; r->sp.logprobs = 1; r->sp.top_logprobs = 5; break;
-    case 3: r->sp.temperature = 1.0f; r->sp.min_tokens = DS_NG; break;              /* banned throughout */
+    case 3: r->sp.temperature = 1.0f; r->sp.top_k = 30; r->sp.min_tokens = DS_NG; break;   /* banned throughout */
     case 4: r->sp.temperature = 0.8f; r->sp.top_k = 20; break;                       /* candidates */
     case 5: r->sp.temperature = 1.3f; r->sp.top_k = 64; r->sp.top_p = 0.9f; r->sp.min_p = 0.02f; break;
     case 6: r->sp.temperature = 1.0f; r->sp.n = 3; break;                            /* plain, 3 siblings */
@@ -1385,7 +1385,7 @@ static int s_ds_same (int i) { return i % 8 <= 5; }
 /* requests (times their n) that take the candidate path every step */
 static int s_ds_cand (int i)
 {
-    return i % 8 == 1 || i % 8 == 4 || i % 8 == 5 || i % 8 == 7 ? 1 : i % 8 == 6 ? 3 : 0;
+    return i % 8 == 1 || i % 8 == 3 || i % 8 == 4 || i % 8 == 5 || i % 8 == 7 ? 1 : i % 8 == 6 ? 3 : 0;
 }
 
 static void s_ds_run (struct env *e, int32_t ds, int32_t k, int32_t (*p)[DS_NP], void (*tw) (struct rx_request *),
@@ -1664,6 +1664,66 @@ Test (scheduler, device_sampling_penalized_rows_from_candidates)
                  (unsigned long long) st[1].cand_tail, (unsigned long long) st[3].cand_full,
                  (unsigned long long) st[3].cand_tail);
     for (int m = 0; m < 5; m++) free (run[m]);
+    s_env_close (&e);
+}
+
+/* A min_tokens ban from candidates: EOS and the stop ids gathered and set
+ * to -inf like the host path's ban.  The stop ids are the tokens a plain
+ * greedy run chose, so the ban must change the text; greedy and top_k
+ * rows then equal the host path's tokens, and every row took candidates. */
+static int32_t s_ban_ids[DS_NQ][4];
+static int s_ban_on;
+static void s_tw_ban (struct rx_request *r)
+{
+    const int i = s_ds_i;
+    r->sp.has_seed = 1;
+    r->sp.seed = 6200 + (uint64_t) i;
+    r->sp.temperature = i % 2 ? 1.0f : 0;
+    r->sp.top_k = i % 2 ? 8 : -1;
+    if (!s_ban_on) return;
+    r->sp.min_tokens = DS_NG;
+    r->sp.n_stop_ids = 4;
+    memcpy (r->sp.stop_ids, s_ban_ids[i], sizeof s_ban_ids[i]);
+}
+
+Test (scheduler, device_sampling_min_tokens_ban_from_candidates)
+{
+    struct env e;
+    s_env_open (&e);
+    int32_t p[DS_NQ][DS_NP];
+    s_ds_prompts (p, 9595);
+    struct run *run[3];
+    struct rx_sched_stats st[3];
+    /* plain (host path), then banned: off, on */
+    for (int m = 0; m < 3; m++) {
+        run[m] = calloc (1, sizeof *run[m]);
+        s_ban_on = m > 0;
+        if (m == 1)   /* ban what the plain run chose: its 1st, 2nd, 4th and 6th tokens */
+            for (int i = 0; i < DS_NQ; i++) {
+                const struct res *q = s_res (run[0], 100 + (uint64_t) i, 0);
+                const int32_t pick[4] = { q->ids[0], q->ids[1], q->ids[3], q->ids[5] };
+                memcpy (s_ban_ids[i], pick, sizeof pick);
+            }
+        s_ds_run (&e, m == 2, 64, p, s_tw_ban, run[m], &st[m]);
+    }
+    s_ban_on = 0;
+    cr_assert_eq (st[2].cand_rows, (uint64_t) DS_NQ * DS_NG, "every banned row from candidates: %llu",
+                  (unsigned long long) st[2].cand_rows);
+    int changed = 0;
+    for (int i = 0; i < DS_NQ; i++) {
+        const struct res *plain = s_res (run[0], 100 + (uint64_t) i, 0), *off = s_res (run[1], 100 + (uint64_t) i, 0),
+                         *on = s_res (run[2], 100 + (uint64_t) i, 0);
+        cr_assert_eq (on->n, DS_NG);
+        for (int t = 0; t < DS_NG; t++) {
+            cr_assert_eq (on->ids[t], off->ids[t], "request %d token %d: %d, the host's %d", i, t, on->ids[t],
+                          off->ids[t]);
+            for (int b = 0; b < 4; b++)
+                cr_assert_neq (on->ids[t], s_ban_ids[i][b], "request %d token %d: a banned id", i, t);
+        }
+        changed += memcmp (plain->ids, on->ids, sizeof on->ids[0] * DS_NG) != 0;
+    }
+    cr_assert_eq (changed, DS_NQ, "the ban changed %d of %d texts", changed, DS_NQ);
+    for (int m = 0; m < 3; m++) free (run[m]);
     s_env_close (&e);
 }
 
