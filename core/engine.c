@@ -1066,8 +1066,9 @@ int rx_engine_logits_gather (rx_engine_t *e, const int32_t *idx, size_t n, float
             return rx_err_set (err, RX_EINVAL, "engine: logits gather: index %d outside the %lld logits of the last step",
                                (int) idx[i], (long long) total);
     if (n > e->cap_g) {
-        /* Grow-only, doubling: a free drops a CUDA backend's graphs. */
-        size_t cap = e->cap_g ? e->cap_g : 4096;
+        /* Grow-only, doubling, from 64Ki entries (512 KiB): a free drops
+         * a CUDA backend's graphs, so it should happen once or never. */
+        size_t cap = e->cap_g ? e->cap_g : 65536;
         while (cap < n) cap *= 2;
         if (e->d_gidx || e->d_gval) e->K->synchronize (e->be, NULL, NULL);
         if (e->d_gidx) e->K->free_ (e->be, e->d_gidx);

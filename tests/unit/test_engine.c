@@ -741,8 +741,8 @@ Test (engine, logits_gather_reads_single_logits_of_the_last_step)
                                  .n_out = 3, .out_rows = out_rows };
     float *all = malloc (3 * V * sizeof (float));
     cr_assert_eq (rx_engine_forward (e, &bt, all, &err), RX_OK, "%s", err.msg);
-    /* 5000 indices (past the first scratch size), every row, repeats */
-    enum { N = 5000 };
+    /* 70000 indices (past the first scratch size), every row, repeats */
+    enum { N = 70000 };
     int32_t *idx = malloc (N * sizeof *idx);
     float *got = malloc (N * sizeof *got);
     uint64_t x = 12345;
