@@ -994,38 +994,42 @@ static int s_cands_room (rx_engine_t *e, int32_t n, int32_t k, struct rx_err *er
     return RX_OK;
 }
 
-/* The candidates of c->inv_t's rows (see rx_engine_forward_sample): each
- * row copied, softmax(row * inv_t) over the vocabulary (one call per run
- * of adjacent rows at the same temperature), then the k largest of a
- * chunk's rows in one topk; the whole result copied to the host
- * (synchronized by the caller). */
+/* The candidates of c->inv_t's rows, then of c->inv_t2's (see
+ * rx_engine_forward_sample): each row copied, softmax(row * inv_t) over
+ * the vocabulary (one call per run of adjacent rows at the same
+ * temperature), then the k largest of a chunk's rows in one topk; the
+ * whole result copied to the host (synchronized by the caller). */
 static int s_cands (rx_engine_t *e, int32_t n_out, const struct rx_engine_cands *c, struct rx_err *err)
 {
     const size_t V = (size_t) e->info.n_vocab;
     int32_t n = 0;
-    for (int32_t j = 0; j < n_out; j++) n += c->inv_t[j] > 0;
+    for (int32_t j = 0; j < n_out; j++) n += (c->inv_t[j] > 0) + (c->inv_t2 && c->inv_t2[j] > 0);
     if (n == 0) return RX_OK;
     const int32_t k = c->k < 1 ? 1 : (size_t) c->k > V ? (int32_t) V : c->k;
     int rc = s_cands_room (e, n, k, err);
     if (rc != RX_OK) return rc;
     int32_t done = 0, row = 0;   /* rows through topk; rows in the chunk */
-    for (int32_t j = 0; j < n_out && rc == RX_OK;) {
-        if (!(c->inv_t[j] > 0)) {
-            j++;
-            continue;
-        }
-        int32_t m = j + 1;
-        while (m < n_out && m - j < S_CAND_CHUNK - row && c->inv_t[m] == c->inv_t[j]) m++;
-        float *dst = e->d_cand + (size_t) row * V;
-        rc = e->K->copy2d (e->be, NULL, e->d_logits + (size_t) j * V, V, dst, V, (size_t) (m - j), V, err);
-        if (rc == RX_OK) rc = e->K->softmax (e->be, NULL, dst, V, (size_t) (m - j), V, c->inv_t[j], err);
-        row += m - j;
-        j = m;
-        if (rc == RX_OK && (row == S_CAND_CHUNK || done + row == n)) {
-            rc = e->K->topk (e->be, NULL, e->d_cand, V, (size_t) row, V, (size_t) k,
-                             e->d_cvals + (size_t) done * (size_t) k, e->d_cidx + (size_t) done * (size_t) k, err);
-            done += row;
-            row = 0;
+    for (int pass = 0; pass < 2 && rc == RX_OK; pass++) {
+        const float *it = pass ? c->inv_t2 : c->inv_t;
+        for (int32_t j = 0; it && j < n_out && rc == RX_OK;) {
+            if (!(it[j] > 0)) {
+                j++;
+                continue;
+            }
+            int32_t m = j + 1;
+            while (m < n_out && m - j < S_CAND_CHUNK - row && it[m] == it[j]) m++;
+            float *dst = e->d_cand + (size_t) row * V;
+            rc = e->K->copy2d (e->be, NULL, e->d_logits + (size_t) j * V, V, dst, V, (size_t) (m - j), V, err);
+            if (rc == RX_OK) rc = e->K->softmax (e->be, NULL, dst, V, (size_t) (m - j), V, it[j], err);
+            row += m - j;
+            j = m;
+            if (rc == RX_OK && (row == S_CAND_CHUNK || done + row == n)) {
+                rc = e->K->topk (e->be, NULL, e->d_cand, V, (size_t) row, V, (size_t) k,
+                                 e->d_cvals + (size_t) done * (size_t) k, e->d_cidx + (size_t) done * (size_t) k,
+                                 err);
+                done += row;
+                row = 0;
+            }
         }
     }
     if (rc == RX_OK) rc = e->K->copy_d2h (e->be, NULL, c->probs, e->d_cvals, (size_t) n * (size_t) k * sizeof (float), err);

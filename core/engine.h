@@ -208,8 +208,12 @@ int rx_engine_forward_ids (rx_engine_t *e, const struct rx_model_batch *b, float
 struct rx_engine_cands {
     int32_t      k;
     const float *inv_t;     /* [n_out]: 1 / temperature, or 0: no candidates */
-    float       *probs;     /* host [rows with inv_t > 0][k] */
+    float       *probs;     /* host [rows with inv_t > 0, then with inv_t2 > 0][k] */
     int32_t     *ids;
+    /* NULL, or [n_out]: a second candidate row at 1 / inv_t2[j] where > 0,
+     * packed after every inv_t row (in output-row order): a row sampled
+     * at T whose logprobs need temperature 1. */
+    const float *inv_t2;
 };
 /* rx_engine_forward_ids, and the candidates of cands' rows (NULL: none). */
 int rx_engine_forward_sample (rx_engine_t *e, const struct rx_model_batch *b, float *logits,

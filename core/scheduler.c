@@ -113,6 +113,8 @@ struct rx_sched {
     uint8_t *b_want;             /* [cap_seq] 1 = the row's logits are needed on the host */
     float *b_invt;               /* [cap_seq] 1 / temperature of a candidate row, else 0 */
     int32_t *b_crow;             /* [cap_seq] the row's candidate row, or -1 */
+    float *b_invt2;              /* [cap_seq] 1: a second candidate row at temperature 1 */
+    int32_t *b_lrow;             /* [cap_seq] the candidate row of its logprobs, or -1 */
     uint8_t *b_more;             /* [cap_seq] candidates not enough: fetch the row */
     int32_t *b_goff, *b_gn;      /* [cap_seq] a penalized candidate row's gathered logits
                                   * (g_*: offset, count; count 0: none) */
@@ -428,7 +430,7 @@ void rx_sched_destroy (rx_sched_t **self_p)
     free (s->b_tokens); free (s->b_pos); free (s->b_q); free (s->b_kvs);
     free (s->b_slots); free (s->b_out); free (s->logits); free (s->items);
     free (s->b_ids); free (s->b_want); free (s->b_invt); free (s->b_crow); free (s->b_more);
-    free (s->b_goff); free (s->b_gn);
+    free (s->b_goff); free (s->b_gn); free (s->b_invt2); free (s->b_lrow);
     free (s->c_probs); free (s->c_ids);
     free (s->g_idx); free (s->g_tok); free (s->g_mid); free (s->g_val); free (s->g_p); free (s->g_sort);
     free (s->ent); free (s->ent_index); free (s->ent_ids); free (s->ent_lp);
@@ -1116,12 +1118,13 @@ static int s_pen_room (const rx_sched_t *s, const struct s_req *r)
 }
 
 /* Whether r's row gets device candidates this step instead of going to
- * the host whole: device sampling on, no penalties, no min_tokens ban, and
- * either sampled without logprobs (the draw), or with logprobs at
- * temperature 1 -- greedy too -- and top_logprobs <= sampling_candidates
- * (OpenAI's logprobs are of the raw row: candidates at temperature 1 are
- * its log_softmax, rx_logprobs_cands).  Logprobs at another temperature
- * read the whole row. */
+ * the host whole: device sampling on, and either sampled without
+ * logprobs (the draw; penalties and a min_tokens ban corrected on the
+ * host: s_pen_draw), or with logprobs -- greedy too -- without penalties
+ * or a ban and top_logprobs <= sampling_candidates (OpenAI's logprobs are
+ * of the raw row: candidates at temperature 1 are its log_softmax,
+ * rx_logprobs_cands; a row sampled at another temperature gets a second
+ * candidate row at 1: s_lp_invt). */
 static int s_cand_row (const rx_sched_t *s, const struct s_req *r)
 {
     const struct rx_sampling_params *sp = &r->g->req.sp;
@@ -1130,8 +1133,7 @@ static int s_cand_row (const rx_sched_t *s, const struct s_req *r)
     if ((int64_t) n_out < sp->min_tokens)   /* banned: corrected, without logprobs */
         return !sp->logprobs && s->pen_cand && s_pen_room (s, r);
     if (!sp->logprobs) return r->g->plain_sample || (s->pen_cand && s_penalized (r) && s_pen_room (s, r));
-    return sp->top_logprobs <= s->k_cand &&
-           (r->g->plain_greedy || (r->g->plain_sample && r->g->samp.temperature == 1.f));
+    return sp->top_logprobs <= s->k_cand && (r->g->plain_greedy || r->g->plain_sample);
 }
 
 /* 1 / the temperature of a candidate row's softmax: 1 for a greedy row
@@ -1139,6 +1141,13 @@ static int s_cand_row (const rx_sched_t *s, const struct s_req *r)
 static float s_cand_invt (const struct s_req *r)
 {
     return s_greedy (&r->g->req.sp) ? 1.f : (float) (1.0 / (double) r->g->samp.temperature);
+}
+
+/* A candidate row's second row for its logprobs: 1 (temperature 1) for a
+ * row with logprobs sampled at another temperature, else 0. */
+static float s_lp_invt (const struct s_req *r)
+{
+    return r->g->req.sp.logprobs && !s_greedy (&r->g->req.sp) && s_cand_invt (r) != 1.f ? 1.f : 0.f;
 }
 
 static int s_forward (rx_sched_t *s, int32_t all_decode, struct rx_err *err)
@@ -1161,10 +1170,10 @@ static int s_forward (rx_sched_t *s, int32_t all_decode, struct rx_err *err)
         void **const arr[] = { (void **) &s->b_q, (void **) &s->b_kvs, (void **) &s->b_out,
                                (void **) &s->b_ids, (void **) &s->b_want, (void **) &s->b_invt,
                                (void **) &s->b_crow, (void **) &s->b_more, (void **) &s->b_goff,
-                               (void **) &s->b_gn };
+                               (void **) &s->b_gn, (void **) &s->b_invt2, (void **) &s->b_lrow };
         const size_t size[] = { sizeof *s->b_q, sizeof *s->b_kvs, sizeof *s->b_out, sizeof *s->b_ids,
                                 sizeof *s->b_want, sizeof *s->b_invt, sizeof *s->b_crow, sizeof *s->b_more,
-                                sizeof *s->b_goff, sizeof *s->b_gn };
+                                sizeof *s->b_goff, sizeof *s->b_gn, sizeof *s->b_invt2, sizeof *s->b_lrow };
         if (s_grow_each (cap_seq, arr, size, sizeof arr / sizeof arr[0]))
             return rx_err_set (err, RX_ENOMEM, "scheduler: out of memory");
         s->cap_seq = cap_seq;
@@ -1177,7 +1186,7 @@ static int s_forward (rx_sched_t *s, int32_t all_decode, struct rx_err *err)
         s->draws = d;
         s->cap_draws = n_seq;
     }
-    size_t t = 0, k = 0, n_cand = 0;
+    size_t t = 0, k = 0, n_cand = 0, n_cand2 = 0;
     for (size_t i = 0; i < n_seq; i++) {
         struct s_req *r = s->batch.v[i];
         uint32_t len;
@@ -1196,9 +1205,17 @@ static int s_forward (rx_sched_t *s, int32_t all_decode, struct rx_err *err)
             s->b_want[n_out] = (uint8_t) (!cand && s_needs_logits (r));
             s->b_invt[n_out] = cand ? s_cand_invt (r) : 0.f;
             s->b_crow[n_out] = cand ? (int32_t) n_cand++ : -1;
+            /* logprobs: the candidate row itself, or a second one at
+             * temperature 1 (numbered after every first row, below) */
+            s->b_invt2[n_out] = cand ? s_lp_invt (r) : 0.f;
+            s->b_lrow[n_out] = !cand || !r->g->req.sp.logprobs ? -1
+                               : s->b_invt2[n_out] > 0 ? -2 - (int32_t) n_cand2++ : s->b_crow[n_out];
             s->b_out[n_out++] = (int32_t) t - 1;
         }
     }
+    for (size_t j = 0; j < n_out; j++)
+        if (s->b_lrow[j] <= -2) s->b_lrow[j] = (int32_t) n_cand + (-2 - s->b_lrow[j]);
+    n_cand += n_cand2;
     s->b_q[n_seq] = (int32_t) t;
     s->b_kvs[n_seq] = (int32_t) k;
     if (rx_grow ((void **) &s->logits, &s->cap_logits, n_out * (size_t) s->n_vocab + 1, sizeof (float)))
@@ -1227,7 +1244,8 @@ static int s_forward (rx_sched_t *s, int32_t all_decode, struct rx_err *err)
         .all_decode = all_decode,
     };
     const struct rx_engine_cands c = { .k = s->k_cand, .inv_t = s->b_invt,
-                                       .probs = s->c_probs, .ids = s->c_ids };
+                                       .probs = s->c_probs, .ids = s->c_ids,
+                                       .inv_t2 = n_cand2 ? s->b_invt2 : NULL };
     return rx_engine_forward_sample (s->engine, &b, n_out ? s->logits : NULL, s->b_want, s->b_ids,
                                      n_cand ? &c : NULL, err);
 }
@@ -1430,12 +1448,12 @@ static int s_draw_all (rx_sched_t *s, struct rx_err *err)
         const float *raw = s->logits + j * V;
         int ban = 0;
         s->b_more[j] = 0;
-        const int32_t c = s->b_crow[j];
-        const int lp = c >= 0 && r->g->req.sp.logprobs;
+        const int32_t c = s->b_crow[j], lc = s->b_lrow[j];
+        const int lp = lc >= 0;   /* logprobs from candidate row lc */
         if (lp) s->st_cand_lp_rows++;
         if (!s_host_draw (r, &ban)) {
             /* a greedy row with logprobs: its token is the device argmax */
-            if (lp && s_lp_cands (s, r, c, s->b_ids[j], NULL, NULL, NULL)) {
+            if (lp && s_lp_cands (s, r, lc, s->b_ids[j], NULL, NULL, NULL)) {
                 s->b_more[j] = 1;
                 n_more++;
                 s->st_cand_lp_full++;
@@ -1461,7 +1479,7 @@ static int s_draw_all (rx_sched_t *s, struct rx_err *err)
             r->drawn = tok;
             r->has_drawn = 1;
             /* its logprobs need the row after all (s_sample reads it) */
-            if (lp && s_lp_cands (s, r, c, tok, NULL, NULL, NULL)) {
+            if (lp && s_lp_cands (s, r, lc, tok, NULL, NULL, NULL)) {
                 s->b_more[j] = 1;
                 n_more++;
                 s->st_cand_lp_full++;
@@ -1487,7 +1505,7 @@ static int s_draw_all (rx_sched_t *s, struct rx_err *err)
  * when s_needs_logits said so; else dev_argmax, the device's argmax of the
  * row, is the token; a host-sampled row was drawn by s_draw_all), emit it,
  * check finish.  crow >= 0: the row stayed on the device and its logprobs
- * come from its candidates (s_draw_all checked that they can).  Returns 1
+ * come from candidate row crow (s_draw_all checked that they can).  Returns 1
  * when the request finished. */
 static int s_sample (rx_sched_t *s, struct s_req *r, const float *raw, int32_t dev_argmax, int32_t crow)
 {
@@ -1650,7 +1668,7 @@ int rx_sched_step (rx_sched_t *s, struct rx_sched_out *out, struct rx_err *err)
             continue;
         }
         const float *row = s->logits + k * (size_t) s->n_vocab;
-        const int32_t crow = s->b_crow[k] >= 0 && !s->b_more[k] ? s->b_crow[k] : -1;
+        const int32_t crow = s->b_lrow[k] >= 0 && !s->b_more[k] ? s->b_lrow[k] : -1;
         const int32_t id = s->b_ids[k++];
         if (s_sample (s, r, row, id, crow)) {
             s_list_remove (&s->running, r);

@@ -5,12 +5,13 @@ the emulated CUDA backend (tests/cuemu.sh's last step).
 Two daemons on the tiny model: EMU runs `[kernels] backend = cuda` from
 PLUGIN_DIR (the emulated kernels-cuda.so: the unmodified kernels/cuda
 sources on cuemu), where `device_sampling = auto` is on; CPU is the CPU
-backend with it off (the whole-row host path).  Penalized greedy and top_k
-rows (rx_cands_penalized over logits gathered by kernels-cuda's
-gather_rows) and logprobs of greedy and temperature-1 rows (candidates at
-temperature 1: kernels-cuda's softmax and topk) must give CPU's texts, the
-logprobs within 1e-4, and EMU's /metrics must count those rows as taken
-from candidates.  Prints one summary line; exit 0 or 1."""
+backend with it off (the whole-row host path).  Penalized and
+min_tokens-banned greedy and top_k rows (rx_cands_penalized over logits
+gathered by kernels-cuda's gather_rows) and logprobs (candidates at
+temperature 1: kernels-cuda's softmax and topk; a second candidate row
+for a row sampled at 0.8) must give CPU's texts, the logprobs within
+1e-4, and EMU's /metrics must count those rows as taken from candidates.
+Prints one summary line; exit 0 or 1."""
 
 import os
 import sys
@@ -26,6 +27,8 @@ CASES = (
     ("top_k 5, frequency 1", dict(temperature=1.0, top_k=5, frequency_penalty=1.0, seed=3)),
     ("greedy, logprobs 3", dict(temperature=0, logprobs=3)),
     ("T 1 top_k 5, logprobs 3", dict(temperature=1.0, top_k=5, seed=4, logprobs=3)),
+    ("T 0.8 top_k 5, logprobs 2", dict(temperature=0.8, top_k=5, seed=5, logprobs=2)),
+    ("greedy, min_tokens, stop ids", dict(temperature=0, min_tokens=MAX, stop_token_ids=[13, 29892, 29889])),
 )
 
 

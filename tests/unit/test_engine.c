@@ -887,8 +887,8 @@ Test (engine, forward_sample_candidates_across_chunks)
                                  .n_seq = N, .q_start = qs, .kv_start = ks, .kv_slots = slots,
                                  .n_out = N, .out_rows = out_rows };
     float *all = malloc ((size_t) N * V * sizeof (float));
-    static float probs[N * K];
-    static int32_t cid[N * K];
+    static float probs[2 * N * K];
+    static int32_t cid[2 * N * K];
     cr_assert_eq (rx_engine_forward (e, &bt, all, &err), RX_OK, "%s", err.msg);
     const struct rx_engine_cands c = { .k = K, .inv_t = inv_t, .probs = probs, .ids = cid };
     cr_assert_eq (rx_engine_forward_sample (e, &bt, NULL, NULL, ids, &c, &err), RX_OK, "%s", err.msg);
@@ -899,6 +899,21 @@ Test (engine, forward_sample_candidates_across_chunks)
         s_check_cands (all + (size_t) j * V, V, inv_t[j], probs + cr * K, cid + cr * K, K, j);
     }
     cr_assert_eq (packed, N - 2);
+    /* second rows (inv_t2: logprobs at temperature 1 of rows sampled at
+     * another), packed after every first row; the last chunk holds both */
+    float inv_t2[N];
+    for (int i = 0; i < N; i++) inv_t2[i] = i % 5 == 0 ? 1.f : i == 71 ? 0.75f : 0.f;
+    const struct rx_engine_cands c2 = { .k = K, .inv_t = inv_t, .probs = probs, .ids = cid, .inv_t2 = inv_t2 };
+    cr_assert_eq (rx_engine_forward_sample (e, &bt, NULL, NULL, ids, &c2, &err), RX_OK, "%s", err.msg);
+    packed = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int j = 0; j < N; j++) {
+            const float it = pass ? inv_t2[j] : inv_t[j];
+            if (!(it > 0)) continue;
+            const int cr = packed++;
+            s_check_cands (all + (size_t) j * V, V, it, probs + cr * K, cid + cr * K, K, j);
+        }
+    cr_assert_eq (packed, N - 2 + 16);
     free (all);
     rx_engine_destroy (&e);
     rx_boot_close (&b);

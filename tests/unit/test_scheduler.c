@@ -1355,8 +1355,8 @@ Test (scheduler, sampling_threads_draw_the_same_tokens)
  * without logprobs or a min_tokens ban draws from the device's
  * sampling_candidates most likely tokens (rx_sampler_sample_cands; with
  * penalties or a min_tokens ban, corrected for them: rx_cands_penalized).
- * Rows that keep the host path (greedy, logprobs at T != 1) must give the
- * very same tokens as with device sampling off; top_k rows with top_k <=
+ * Greedy rows (the device argmax) must give the very same tokens as with
+ * device sampling off; top_k rows with top_k <=
  * sampling_candidates draw the host sampler's token (the same uniform, a
  * cut inside the candidates), penalized ones too; plain and top_p rows
  * draw from the same distribution but not the same tokens -- only seeded
@@ -1372,7 +1372,7 @@ static void s_tw_ds (struct rx_request *r)
     switch (i % 8) {
     case 0: r->sp.temperature = 0; break;                                          /* greedy */
     case 1: r->sp.temperature = 1.1f; r->sp.frequency_penalty = 0.4f; r->sp.top_k = 30; break;   /* penalized */
-    case 2: r->sp.temperature = 0.9f; r->sp.logprobs = 1; r->sp.top_logprobs = 5; break;
+    case 2: r->sp.temperature = 0.9f; r->sp.top_k = 25; r->sp.logprobs = 1; r->sp.top_logprobs = 5; break;
     case 3: r->sp.temperature = 1.0f; r->sp.top_k = 30; r->sp.min_tokens = DS_NG; break;   /* banned throughout */
     case 4: r->sp.temperature = 0.8f; r->sp.top_k = 20; break;                       /* candidates */
     case 5: r->sp.temperature = 1.3f; r->sp.top_k = 64; r->sp.top_p = 0.9f; r->sp.min_p = 0.02f; break;
@@ -1385,7 +1385,7 @@ static int s_ds_same (int i) { return i % 8 <= 5; }
 /* requests (times their n) that take the candidate path every step */
 static int s_ds_cand (int i)
 {
-    return i % 8 == 1 || i % 8 == 3 || i % 8 == 4 || i % 8 == 5 || i % 8 == 7 ? 1 : i % 8 == 6 ? 3 : 0;
+    return i % 8 >= 1 && i % 8 != 6 ? 1 : i % 8 == 6 ? 3 : 0;
 }
 
 static void s_ds_run (struct env *e, int32_t ds, int32_t k, int32_t (*p)[DS_NP], void (*tw) (struct rx_request *),
@@ -1458,8 +1458,8 @@ Test (scheduler, device_sampling_keeps_the_host_paths_and_top_k_draws)
                     cr_assert_eq (r[1]->ids[t], r[0]->ids[t],
                                   "request %d (kind %d) token %d: device sampling %d, host %d", i, i % 8, t,
                                   r[1]->ids[t], r[0]->ids[t]);
-                if (i % 8 == 2)   /* logprobs read the whole row either way */
-                    for (int t = 0; t < DS_NG; t++) cr_assert_float_eq (r[1]->lp[t], r[0]->lp[t], 1e-6);
+                if (i % 8 == 2)   /* logprobs from candidates at temperature 1: float logs */
+                    for (int t = 0; t < DS_NG; t++) cr_assert_float_eq (r[1]->lp[t], r[0]->lp[t], 1e-4);
                 same++;
             } else {
                 differ += memcmp (r[1]->ids, r[0]->ids, sizeof r[0]->ids[0] * DS_NG) != 0;
@@ -1477,11 +1477,12 @@ Test (scheduler, device_sampling_keeps_the_host_paths_and_top_k_draws)
     s_env_close (&e);
 }
 
-/* Logprobs from candidates: greedy rows and rows sampled at temperature 1
- * take their logprobs from candidates at temperature 1 (no whole row);
+/* Logprobs from candidates: greedy rows and sampled rows take their
+ * logprobs from candidates at temperature 1 (a row sampled at 0.9 gets a
+ * second candidate row at 1: rx_engine_cands inv_t2), no whole row;
  * every logprob any mode emits is the log_softmax of the reference
- * engine's logits along the tokens that request got, and the greedy,
- * top_k and T 0.9 rows give the host path's tokens. */
+ * engine's logits along the tokens that request got, and the greedy and
+ * top_k rows give the host path's tokens. */
 static int s_lp_k;   /* top_logprobs of kinds 0-2 */
 static void s_tw_lpc (struct rx_request *r)
 {
@@ -1494,7 +1495,7 @@ static void s_tw_lpc (struct rx_request *r)
     case 0: r->sp.temperature = 0; break;                            /* greedy: candidates */
     case 1: r->sp.temperature = 1.0f; r->sp.top_k = 20; break;        /* candidates, the host's draw */
     case 2: r->sp.temperature = 1.0f; break;                          /* plain: candidates (tail: row) */
-    case 3: r->sp.temperature = 0.9f; break;                          /* not temperature 1: the row */
+    case 3: r->sp.temperature = 0.9f; r->sp.top_k = 20; break;        /* a second row at temperature 1 */
     }
 }
 
@@ -1563,9 +1564,8 @@ Test (scheduler, device_sampling_logprobs_at_temperature_one_from_candidates)
         s_ds_run (&e, ds[m], ks[m], p, s_tw_lpc, run[m], &st[m]);
     }
     cr_assert_eq (st[0].cand_lp_rows, 0, "device sampling off");
-    /* kinds 0-2: 12 requests, every step */
-    cr_assert_eq (st[1].cand_lp_rows, (uint64_t) (DS_NQ / 4) * 3 * DS_NG, "%llu",
-                  (unsigned long long) st[1].cand_lp_rows);
+    /* every request, every step */
+    cr_assert_eq (st[1].cand_lp_rows, (uint64_t) DS_NQ * DS_NG, "%llu", (unsigned long long) st[1].cand_lp_rows);
     cr_assert_leq (st[1].cand_lp_full, st[1].cand_full + st[1].cand_tail,
                    "with 64 candidates only a draw past them fetches a row");
     cr_assert_eq (st[2].cand_lp_rows, 0, "top_logprobs 5 > 4 candidates: every logprob row is read whole");
