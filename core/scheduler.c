@@ -1118,22 +1118,22 @@ static int s_pen_room (const rx_sched_t *s, const struct s_req *r)
 }
 
 /* Whether r's row gets device candidates this step instead of going to
- * the host whole: device sampling on, and either sampled without
- * logprobs (the draw; penalties and a min_tokens ban corrected on the
- * host: s_pen_draw), or with logprobs -- greedy too -- without penalties
- * or a ban and top_logprobs <= sampling_candidates (OpenAI's logprobs are
- * of the raw row: candidates at temperature 1 are its log_softmax,
- * rx_logprobs_cands; a row sampled at another temperature gets a second
- * candidate row at 1: s_lp_invt). */
+ * the host whole: device sampling on, top_logprobs (if asked) <=
+ * sampling_candidates, and a sampled row (the draw), a row with
+ * penalties or a min_tokens ban (its candidates corrected on the host:
+ * s_pen_draw), or a greedy one with logprobs.  Logprobs are of the raw
+ * row (OpenAI's, and the host path's rx_logprobs): candidates at
+ * temperature 1 of the uncorrected row are its log_softmax
+ * (rx_logprobs_cands); a row drawn at another temperature gets a second
+ * candidate row at 1 (s_lp_invt). */
 static int s_cand_row (const rx_sched_t *s, const struct s_req *r)
 {
     const struct rx_sampling_params *sp = &r->g->req.sp;
     const uint32_t n_out = r->len - r->n_in;
     if (!s->dev_sample || (int64_t) n_out >= r->g->max_new) return 0;
-    if ((int64_t) n_out < sp->min_tokens)   /* banned: corrected, without logprobs */
-        return !sp->logprobs && s->pen_cand && s_pen_room (s, r);
-    if (!sp->logprobs) return r->g->plain_sample || (s->pen_cand && s_penalized (r) && s_pen_room (s, r));
-    return sp->top_logprobs <= s->k_cand && (r->g->plain_greedy || r->g->plain_sample);
+    if (sp->logprobs && sp->top_logprobs > s->k_cand) return 0;
+    if (s_corrected (r)) return s->pen_cand && s_pen_room (s, r);
+    return r->g->plain_greedy ? sp->logprobs : r->g->plain_sample;
 }
 
 /* 1 / the temperature of a candidate row's softmax: 1 for a greedy row

@@ -28,6 +28,7 @@ CASES = (
     ("greedy, logprobs 3", dict(temperature=0, logprobs=3)),
     ("T 1 top_k 5, logprobs 3", dict(temperature=1.0, top_k=5, seed=4, logprobs=3)),
     ("T 0.8 top_k 5, logprobs 2", dict(temperature=0.8, top_k=5, seed=5, logprobs=2)),
+    ("greedy, repetition 1.8, logprobs 2", dict(temperature=0, repetition_penalty=1.8, logprobs=2)),
     ("greedy, min_tokens, stop ids", dict(temperature=0, min_tokens=MAX, stop_token_ids=[13, 29892, 29889])),
 )
 

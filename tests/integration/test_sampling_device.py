@@ -232,6 +232,13 @@ def test_penalties_from_candidates():
     d = delta(settled(ON), before)
     diag("penalized rows: %s" % d)
     eq(sum(d.values()), 3 * MAX, "penalized rows counted as candidate rows")
+    # with logprobs too: the raw row's, from candidates at temperature 1
+    lp_before = settled(ON, lp_counts)
+    kw = dict(temperature=0, repetition_penalty=1.8, logprobs=2)
+    a, b = completion(ON, **kw), completion(OFF, **kw)
+    eq(a["choices"][0]["text"], b["choices"][0]["text"], "greedy, repetition 1.8, logprobs: text on vs off")
+    same_logprobs(a, b, "greedy, repetition 1.8")
+    eq(delta(settled(ON, lp_counts), lp_before), {"candidates": MAX, "full": 0}, "penalized logprob rows")
 
 
 @test

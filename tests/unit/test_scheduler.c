@@ -1479,7 +1479,8 @@ Test (scheduler, device_sampling_keeps_the_host_paths_and_top_k_draws)
 
 /* Logprobs from candidates: greedy rows and sampled rows take their
  * logprobs from candidates at temperature 1 (a row sampled at 0.9 gets a
- * second candidate row at 1: rx_engine_cands inv_t2), no whole row;
+ * second candidate row at 1: rx_engine_cands inv_t2), no whole row, also
+ * when penalties correct their draw (the logprobs stay the raw row's);
  * every logprob any mode emits is the log_softmax of the reference
  * engine's logits along the tokens that request got, and the greedy and
  * top_k rows give the host path's tokens. */
@@ -1496,6 +1497,11 @@ static void s_tw_lpc (struct rx_request *r)
     case 1: r->sp.temperature = 1.0f; r->sp.top_k = 20; break;        /* candidates, the host's draw */
     case 2: r->sp.temperature = 1.0f; break;                          /* plain: candidates (tail: row) */
     case 3: r->sp.temperature = 0.9f; r->sp.top_k = 20; break;        /* a second row at temperature 1 */
+    }
+    if (i >= DS_NQ / 2) {   /* the second half with penalties: drawn from corrected candidates */
+        r->sp.repetition_penalty = i % 4 == 0 ? 1.5f : 1.f;
+        r->sp.presence_penalty = i % 4 == 1 ? 1.0f : 0.f;
+        r->sp.frequency_penalty = i % 4 >= 2 ? 0.5f : 0.f;
     }
 }
 
