@@ -151,6 +151,9 @@ struct rx_sched {
 
 /* ------------------------------------------------------------ helpers -- */
 
+/* Sampling parameters that make a greedy draw (the argmax). */
+static int s_greedy (const struct rx_sampling_params *sp) { return sp->temperature <= 0 || sp->top_k == 1; }
+
 static int s_list_push (struct s_list *l, struct s_req *r)
 {
     if (l->n == l->cap) {
@@ -511,8 +514,8 @@ int rx_sched_submit (rx_sched_t *s, struct rx_request *r, struct rx_err *err)
     g->pen.presence = sp->presence_penalty;
     g->pen.repetition = sp->repetition_penalty;
     const int no_pen = sp->frequency_penalty == 0 && sp->presence_penalty == 0 && sp->repetition_penalty == 1;
-    g->plain_greedy = (sp->temperature <= 0 || sp->top_k == 1) && no_pen;
-    g->plain_sample = !(sp->temperature <= 0 || sp->top_k == 1) && no_pen;
+    g->plain_greedy = s_greedy (sp) && no_pen;
+    g->plain_sample = !s_greedy (sp) && no_pen;
     int64_t room = (int64_t) s->ctx - g->req.n_input;
     g->max_new = (int32_t) (sp->max_tokens < 0 || sp->max_tokens > room ? room : sp->max_tokens);
     uint64_t seed = sp->has_seed ? sp->seed : s_mix (g->req.rid);
@@ -1090,9 +1093,6 @@ struct s_draw {
     const int32_t *tail;   /* s_draw_row: n_tail ids */
     int32_t n_tail;
 };
-
-/* Sampling parameters that make a greedy draw (the argmax). */
-static int s_greedy (const struct rx_sampling_params *sp) { return sp->temperature <= 0 || sp->top_k == 1; }
 
 /* A request with penalties (neither plain greedy nor plain sampled). */
 static int s_penalized (const struct s_req *r) { return !r->g->plain_greedy && !r->g->plain_sample; }

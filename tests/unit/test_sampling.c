@@ -866,16 +866,6 @@ Test (sampling_cands, logprobs_from_candidates_equal_the_rows)
     free (x);
 }
 
-/* The order of a penalized row: larger logit, then lower id. */
-static const float *s_pen_row;
-static int s_cmp_pen (const void *a, const void *b)
-{
-    const int32_t i = *(const int32_t *) a, j = *(const int32_t *) b;
-    const float x = s_pen_row[i], y = s_pen_row[j];
-    if (x != y) return x > y ? -1 : 1;
-    return (i > j) - (i < j);
-}
-
 /* rx_cands_penalized against the whole penalized row: the device's
  * candidates of the unpenalized row (float softmax at t), the touched
  * tokens' logits before and after rx_penalties_apply, as the scheduler
@@ -914,8 +904,8 @@ Test (sampling_cands, penalized_candidates_are_the_head_of_the_penalized_row)
         memcpy (px, x, V * sizeof *px);
         rx_penalties_apply (px, V, pen, prompt, NP, out, NO, counts);
         for (int32_t i = 0; i < V; i++) order[i] = i;
-        s_pen_row = px;
-        qsort (order, V, sizeof *order, s_cmp_pen);
+        s_sort_probs = px;   /* the order of the penalized row: larger logit, then lower id */
+        qsort (order, V, sizeof *order, s_cmp_cand);
         double mx = px[order[0]], z = 0;
         for (int32_t i = 0; i < V; i++) z += exp (((double) px[i] - mx) / t);
         /* what the scheduler gathers: the candidates, then the touched tokens */
